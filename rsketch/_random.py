@@ -1,0 +1,194 @@
+"""Counter-based randomness: Philox4x32-10 and the transforms built on it.
+
+Every random quantity in rsketch is a pure function of a 64-bit *key* (from the user's seed)
+and a 128-bit *counter* (which entry it is). Nothing is drawn from a stateful generator, so any
+block of any operator can be generated alone, in any order, on any backend, and comes out the
+same (RandBLAS's model; Salmon, Moraes, Dror & Shaw, "Parallel random numbers: as easy as
+1, 2, 3", SC 2011).
+
+Counter layout used by every operator: ``(c0, c1, c2, c3) = (index_lo, index_hi, block, stream)``
+where ``index`` is the column (or sample) the words belong to, ``block`` numbers the 4-word
+blocks within that index, and ``stream`` separates independent purposes of one operator (signs,
+row hashes, Gaussian entries, ...). The functions here are written against an array namespace
+``xp`` so that CuPy or Dask arrays use the same code; the numba kernels in
+:mod:`rsketch.kernels.cpu` implement the same arithmetic and are tested bit-for-bit against it.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+# Philox4x32 constants (Random123).
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9
+PHILOX_W1 = 0xBB67AE85
+PHILOX_ROUNDS = 10
+
+# Streams: one per independent purpose within an operator.
+STREAM_SIGN = 1
+STREAM_ROW = 2
+STREAM_GAUSS = 3
+STREAM_SAMPLE = 4
+STREAM_SELECT = 5
+
+_MASK32 = 0xFFFFFFFF
+
+
+def philox4x32(xp, c0, c1, c2, c3, key):
+    """Philox4x32-10 of counter arrays ``(c0, c1, c2, c3)`` under ``key = (k0, k1)``.
+
+    Parameters
+    ----------
+    xp : array namespace
+        ``numpy`` or any namespace with unsigned 64-bit integer arithmetic.
+    c0, c1, c2, c3 : arrays of a common broadcast shape
+        The counter words; values must lie in ``[0, 2**32)``.
+    key : tuple of two ints
+        The 64-bit key as two 32-bit words.
+
+    Returns
+    -------
+    tuple of four uint32 arrays
+        The output words, each of the broadcast shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> z = np.zeros(1, dtype=np.uint64)
+    >>> [hex(int(w[0])) for w in philox4x32(np, z, z, z, z, (0, 0))]
+    ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
+    """
+    u64 = xp.uint64
+    mask = xp.asarray(_MASK32, dtype=u64)
+    m0 = xp.asarray(PHILOX_M0, dtype=u64)
+    m1 = xp.asarray(PHILOX_M1, dtype=u64)
+    c0, c1, c2, c3 = (xp.astype(xp.asarray(c), u64) for c in (c0, c1, c2, c3))
+    k0, k1 = int(key[0]) & _MASK32, int(key[1]) & _MASK32
+    for _ in range(PHILOX_ROUNDS):
+        p0 = m0 * c0  # products of two 32-bit words fit in 64 bits
+        p1 = m1 * c2
+        c0, c1, c2, c3 = (
+            ((p1 >> 32) ^ c1 ^ k0) & mask,
+            p1 & mask,
+            ((p0 >> 32) ^ c3 ^ k1) & mask,
+            p0 & mask,
+        )
+        k0 = (k0 + PHILOX_W0) & _MASK32
+        k1 = (k1 + PHILOX_W1) & _MASK32
+    return tuple(xp.astype(c, xp.uint32) for c in (c0, c1, c2, c3))
+
+
+def counter_words(xp, index, block, stream):
+    """The four counter words for ``index`` (array), ``block`` (array or int) and ``stream``."""
+    index = xp.astype(xp.asarray(index), xp.uint64)
+    block = xp.astype(xp.asarray(block), xp.uint64)
+    lo = index & xp.asarray(_MASK32, dtype=xp.uint64)
+    hi = index >> 32
+    return lo, hi, block, xp.asarray(stream, dtype=xp.uint64)
+
+
+def random_words(xp, key, index, block, stream):
+    """Four uint32 words for each (index, block) pair of one stream (broadcast shapes)."""
+    return philox4x32(xp, *counter_words(xp, index, block, stream), key)
+
+
+def uniform_from_words(xp, w):
+    """Map uint32 words to uniforms in the open interval (0, 1): ``(w + 0.5) / 2**32``."""
+    return (xp.astype(w, xp.float64) + 0.5) * (1.0 / 4294967296.0)
+
+
+def normals_from_words(xp, w0, w1, w2, w3):
+    """Box-Muller: four words give four standard normals (two pairs, cosine then sine).
+
+    With 32-bit uniforms the largest magnitude is sqrt(-2 log(2**-33)) ~ 6.8, i.e. tails
+    beyond 6.8 standard deviations are cut; irrelevant for sketching.
+    """
+    two_pi = 2.0 * np.pi
+    r01 = xp.sqrt(-2.0 * xp.log(uniform_from_words(xp, w0)))
+    t01 = two_pi * uniform_from_words(xp, w1)
+    r23 = xp.sqrt(-2.0 * xp.log(uniform_from_words(xp, w2)))
+    t23 = two_pi * uniform_from_words(xp, w3)
+    return r01 * xp.cos(t01), r01 * xp.sin(t01), r23 * xp.cos(t23), r23 * xp.sin(t23)
+
+
+def bounded_from_words(xp, w, bound):
+    """Map uint32 words to integers in ``[0, bound)`` by Lemire's multiply-shift (bias < bound/2**32)."""
+    return xp.astype((xp.astype(w, xp.uint64) * xp.asarray(int(bound), dtype=xp.uint64)) >> 32, xp.int64)
+
+
+def bounded64_from_words(xp, w_lo, w_hi, bound):
+    """Integers in ``[0, bound)`` from two words (a 53-bit uniform), for bounds up to 2**40."""
+    u = (xp.astype(w_hi, xp.float64) * 2097152.0 + xp.astype(w_lo >> 11, xp.float64)) * (2.0**-53)
+    return xp.astype(xp.floor(u * bound), xp.int64)
+
+
+def key_from_seed(seed) -> tuple[int, int]:
+    """Turn ``seed`` (None, int, SeedSequence or Generator) into a 64-bit Philox key.
+
+    An int or a ``SeedSequence`` gives the same key in every process and on every machine; a
+    ``Generator`` gives a key drawn from it (advancing it); ``None`` draws fresh OS entropy.
+
+    Examples
+    --------
+    >>> key_from_seed(0) == key_from_seed(np.random.SeedSequence(0))
+    True
+    """
+    if seed is None:
+        words = np.random.SeedSequence().generate_state(2, dtype=np.uint32)
+    elif isinstance(seed, np.random.SeedSequence):
+        words = seed.generate_state(2, dtype=np.uint32)
+    elif isinstance(seed, np.random.Generator):
+        words = seed.integers(0, 2**32, size=2, dtype=np.uint64)
+    elif isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
+        words = np.random.SeedSequence(int(seed)).generate_state(2, dtype=np.uint32)
+    else:
+        raise TypeError(
+            f"seed must be None, a non-negative int, a numpy.random.SeedSequence or a "
+            f"numpy.random.Generator; got {type(seed).__name__}"
+        )
+    return int(words[0]), int(words[1])
+
+
+def derive_key(key: tuple[int, int], purpose: int) -> tuple[int, int]:
+    """A new key for a sub-computation, as a pure function of ``key`` and ``purpose``."""
+    w = philox4x32(np, np.uint64(purpose), np.uint64(0), np.uint64(0), np.uint64(0xFFFFFFFF), key)
+    return int(w[0]), int(w[1])
+
+
+def lane_words(xp, key, start, stop, stream):
+    """One uint32 word per element ``start <= j < stop``: lane ``j % 4`` of counter ``(j // 4, 0, stream)``.
+
+    Used for per-element signs (SRHT's diagonal) and per-element hashes (row selection).
+    """
+    j = xp.arange(start, stop, dtype=xp.int64)
+    words = random_words(xp, key, j // 4, 0, stream)
+    lane = j % 4
+    out = xp.where(lane == 0, words[0], words[1])
+    out = xp.where(lane == 2, words[2], out)
+    return xp.where(lane == 3, words[3], out)
+
+
+def signs_from_words(xp, w, dtype):
+    """+1 / -1 from bit 0 of each word."""
+    return xp.astype(1 - 2 * xp.astype(w & xp.asarray(1, dtype=xp.uint32), xp.int64), dtype)
+
+
+def select_without_replacement(words_lo, words_hi, n: int, r: int) -> np.ndarray:
+    """The ``r`` indices of ``[0, n)`` with the smallest 64-bit hashes, in ascending order.
+
+    The low bits of each hash are replaced by its index, so hashes are distinct and the choice
+    does not depend on how ties would be broken.
+    """
+    bits = max(1, int(n - 1).bit_length())
+    h = (words_hi.astype(np.uint64) << np.uint64(32)) | words_lo.astype(np.uint64)
+    h = ((h >> np.uint64(bits)) << np.uint64(bits)) | np.arange(n, dtype=np.uint64)
+    if r < n:
+        chosen = np.argpartition(h, r - 1)[:r]
+    else:
+        chosen = np.arange(n)
+    return np.sort(chosen).astype(np.int64)

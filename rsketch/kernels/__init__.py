@@ -1,0 +1,1 @@
+"""Hot loops, one module per backend with the same function names (``cpu`` is numba)."""

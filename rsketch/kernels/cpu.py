@@ -1,0 +1,384 @@
+"""CPU kernels (numba): Philox words, Gaussian blocks, FWHT, sparse scatter/gather.
+
+Each kernel implements exactly the arithmetic of the array-namespace reference in
+:mod:`rsketch._random` and :mod:`rsketch.operators`; the tests compare them bit for bit
+(integers, signs) or to a few ulp (Gaussian entries, whose log/sin/cos come from LLVM's libm
+here and from NumPy's there). Kernels never validate: callers pass checked, contiguous data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from rsketch._random import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
+
+_M0 = np.uint64(PHILOX_M0)
+_M1 = np.uint64(PHILOX_M1)
+_W0 = np.uint64(PHILOX_W0)
+_W1 = np.uint64(PHILOX_W1)
+_MASK = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_TWO_PI = 2.0 * math.pi
+_INV_2_32 = 1.0 / 4294967296.0
+
+
+@njit(inline="always")
+def philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on uint64 words holding 32-bit values (see rsketch._random.philox4x32)."""
+    for _ in range(10):
+        p0 = _M0 * c0
+        p1 = _M1 * c2
+        n0 = ((p1 >> _S32) ^ c1 ^ k0) & _MASK
+        n2 = ((p0 >> _S32) ^ c3 ^ k1) & _MASK
+        c1 = p1 & _MASK
+        c3 = p0 & _MASK
+        c0 = n0
+        c2 = n2
+        k0 = (k0 + _W0) & _MASK
+        k1 = (k1 + _W1) & _MASK
+    return c0, c1, c2, c3
+
+
+@njit(inline="always")
+def _words(k0, k1, index, block, stream):
+    idx = np.uint64(index)
+    return philox(idx & _MASK, idx >> _S32, np.uint64(block), np.uint64(stream), k0, k1)
+
+
+@njit(inline="always")
+def _uniform(w):
+    return (np.float64(w) + 0.5) * _INV_2_32
+
+
+@njit(inline="always")
+def _bounded(w, bound):
+    return np.int64((w * np.uint64(bound)) >> _S32)
+
+
+@njit(parallel=True, cache=True)
+def philox_words(k0, k1, start, count, n_blocks, stream):
+    """Words ``out[i, b, :]`` of counter ``(start + i, block b, stream)``; shape (count, n_blocks, 4)."""
+    out = np.empty((count, n_blocks, 4), dtype=np.uint32)
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for i in prange(count):
+        for b in range(n_blocks):
+            w0, w1, w2, w3 = _words(key0, key1, start + i, b, stream)
+            out[i, b, 0] = w0
+            out[i, b, 1] = w1
+            out[i, b, 2] = w2
+            out[i, b, 3] = w3
+    return out
+
+
+@njit(parallel=True, cache=True)
+def gaussian_columns(k0, k1, start, stop, r, stream, out):
+    """Standard normals of columns ``start:stop`` (each of ``r`` rows) into ``out[j - start, i]``.
+
+    Column j, rows 4q..4q+3 come from counter (j, q, stream) by Box-Muller (cosine, sine of
+    the first two words, then of the last two).
+    """
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    n_blocks = (r + 3) // 4
+    for jj in prange(stop - start):
+        j = start + jj
+        for q in range(n_blocks):
+            w0, w1, w2, w3 = _words(key0, key1, j, q, stream)
+            rad = math.sqrt(-2.0 * math.log(_uniform(w0)))
+            ang = _TWO_PI * _uniform(w1)
+            i = 4 * q
+            out[jj, i] = rad * math.cos(ang)
+            if i + 1 < r:
+                out[jj, i + 1] = rad * math.sin(ang)
+            if i + 2 < r:
+                rad = math.sqrt(-2.0 * math.log(_uniform(w2)))
+                ang = _TWO_PI * _uniform(w3)
+                out[jj, i + 2] = rad * math.cos(ang)
+                if i + 3 < r:
+                    out[jj, i + 3] = rad * math.sin(ang)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse sign / CountSketch: column j of S has s nonzeros, one in each of s row blocks
+# (the block construction of OSNAP). Nonzero t of column j draws from counter (j, t // 2, stream):
+# words 0/2 pick the row within block t, bit 0 of words 1/3 the sign.
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def _sparse_entry(key0, key1, j, t, s, r, stream):
+    w0, w1, w2, w3 = _words(key0, key1, j, t // 2, stream)
+    if t % 2 == 0:
+        wr, ws = w0, w1
+    else:
+        wr, ws = w2, w3
+    lo = (t * r) // s
+    hi = ((t + 1) * r) // s
+    row = lo + _bounded(wr, hi - lo)
+    sign = 1.0 - 2.0 * np.float64(ws & np.uint64(1))
+    return row, sign
+
+
+@njit(parallel=True, cache=True)
+def sparse_pattern(k0, k1, start, stop, s, r, stream):
+    """Rows (int64) and signs (+-1.0) of columns ``start:stop``: arrays of shape (stop - start, s)."""
+    m = stop - start
+    rows = np.empty((m, s), dtype=np.int64)
+    signs = np.empty((m, s), dtype=np.float64)
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for jj in prange(m):
+        for t in range(s):
+            row, sign = _sparse_entry(key0, key1, start + jj, t, s, r, stream)
+            rows[jj, t] = row
+            signs[jj, t] = sign
+    return rows, signs
+
+
+_HASH_BLOCK = 256  # rows hashed ahead of each scatter loop, so the add loop stays simple (SIMD)
+
+
+@njit(inline="always")
+def _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs):
+    for j in range(b0, b1):
+        for t in range(s):
+            row, sign = _sparse_entry(key0, key1, j, t, s, r, stream)
+            rows[(j - b0) * s + t] = row
+            signs[(j - b0) * s + t] = sign
+
+
+@njit(parallel=True, cache=True)
+def _reduce_chunks(acc, scale, out):
+    n_chunks, r, k = acc.shape
+    for i in prange(r):
+        for col in range(k):
+            total = 0.0
+            for c in range(n_chunks):
+                total += acc[c, i, col]
+            out[i, col] = scale * total
+
+
+@njit(parallel=True, cache=True)
+def sparse_apply_dense(k0, k1, s, r, stream, scale, A, out, n_chunks):
+    """``out = S @ A`` for a row-major (n, k) A by hash-then-scatter-add.
+
+    The rows of A are split into ``n_chunks`` contiguous ranges (a function of n only, so the
+    result does not depend on the thread count), each with a private (r, k) accumulator; a
+    chunk hashes 256 rows ahead, then adds each row, signed, into its s accumulator rows. A
+    is read once, as a stream. Extra memory: n_chunks * r * k.
+    """
+    n, k = A.shape
+    acc = np.zeros((n_chunks, r, k), dtype=out.dtype)
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for c in prange(n_chunks):
+        lo = (c * n) // n_chunks
+        hi = ((c + 1) * n) // n_chunks
+        a = acc[c]
+        rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
+        signs = np.empty(_HASH_BLOCK * s, dtype=out.dtype)
+        for b0 in range(lo, hi, _HASH_BLOCK):
+            b1 = min(hi, b0 + _HASH_BLOCK)
+            _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
+            for j in range(b0, b1):
+                x = A[j]
+                for t in range(s):
+                    dst = a[rows[(j - b0) * s + t]]
+                    sg = signs[(j - b0) * s + t]
+                    for col in range(k):
+                        dst[col] += sg * x[col]
+    _reduce_chunks(acc, scale, out)
+
+
+@njit(parallel=True, cache=True)
+def sparse_apply_dense_fortran(k0, k1, s, r, stream, scale, A, out):
+    """``out = S @ A`` for a column-major A: parallel over columns, each a contiguous stream."""
+    n, k = A.shape
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for col in prange(k):
+        for i in range(r):
+            out[i, col] = 0.0
+        for j in range(n):
+            x = A[j, col]
+            for t in range(s):
+                row, sign = _sparse_entry(key0, key1, j, t, s, r, stream)
+                out[row, col] += sign * x
+        for i in range(r):
+            out[i, col] *= scale
+
+
+@njit(parallel=True, cache=True)
+def sparse_apply_csr(k0, k1, s, r, stream, scale, indptr, indices, data, n, k, out, n_chunks):
+    """``out = S @ A`` for a CSR matrix A (n, k): scatter each stored row into its hashed rows."""
+    acc = np.zeros((n_chunks, r, k), dtype=out.dtype)
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for c in prange(n_chunks):
+        lo = (c * n) // n_chunks
+        hi = ((c + 1) * n) // n_chunks
+        a = acc[c]
+        rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
+        signs = np.empty(_HASH_BLOCK * s, dtype=out.dtype)
+        for b0 in range(lo, hi, _HASH_BLOCK):
+            b1 = min(hi, b0 + _HASH_BLOCK)
+            _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
+            for j in range(b0, b1):
+                for t in range(s):
+                    dst = a[rows[(j - b0) * s + t]]
+                    sg = signs[(j - b0) * s + t]
+                    for p in range(indptr[j], indptr[j + 1]):
+                        dst[indices[p]] += sg * data[p]
+    _reduce_chunks(acc, scale, out)
+
+
+@njit(parallel=True, cache=True)
+def sparse_adjoint(k0, k1, s, r, stream, scale, Z, out):
+    """``out = S.T @ Z`` for a dense (r, k) Z: row j of out gathers its s hashed rows of Z."""
+    n, k = out.shape
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for j in prange(n):
+        for col in range(k):
+            out[j, col] = 0.0
+        for t in range(s):
+            row, sign = _sparse_entry(key0, key1, j, t, s, r, stream)
+            for col in range(k):
+                out[j, col] += scale * sign * Z[row, col]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast Walsh-Hadamard transform (unnormalised, natural/Hadamard order), in place on a
+# contiguous vector whose length is a power of two. Radix-4 butterflies halve the passes over
+# memory; the first levels run inside cache-sized blocks.
+# ---------------------------------------------------------------------------------------------
+
+_FWHT_BLOCK = 1 << 12  # 4096 doubles = 32 KiB: the inner levels stay in L1/L2
+
+
+@njit(inline="always")
+def _radix4_pass(x, lo, hi, h):
+    # Two levels (h and 2h) at once over x[lo:hi].
+    for i in range(lo, hi, 4 * h):
+        for j in range(i, i + h):
+            a = x[j]
+            b = x[j + h]
+            c = x[j + 2 * h]
+            d = x[j + 3 * h]
+            ab0 = a + b
+            ab1 = a - b
+            cd0 = c + d
+            cd1 = c - d
+            x[j] = ab0 + cd0
+            x[j + h] = ab1 + cd1
+            x[j + 2 * h] = ab0 - cd0
+            x[j + 3 * h] = ab1 - cd1
+
+
+@njit(inline="always")
+def _radix2_pass(x, lo, hi, h):
+    for i in range(lo, hi, 2 * h):
+        for j in range(i, i + h):
+            a = x[j]
+            b = x[j + h]
+            x[j] = a + b
+            x[j + h] = a - b
+
+
+@njit(inline="always")
+def _levels(x, lo, hi, h_start, h_stop):
+    # Levels h_start, 2 h_start, ... < h_stop over x[lo:hi], two at a time where possible.
+    h = h_start
+    while 4 * h <= h_stop:
+        _radix4_pass(x, lo, hi, h)
+        h *= 4
+    if h < h_stop:
+        _radix2_pass(x, lo, hi, h)
+
+
+@njit(cache=True)
+def fwht_vector(x):
+    """In-place unnormalised FWHT of a contiguous 1-D array of power-of-two length."""
+    n = x.shape[0]
+    block = min(n, _FWHT_BLOCK)
+    for lo in range(0, n, block):
+        _levels(x, lo, lo + block, 1, block)
+    if block < n:
+        _levels(x, 0, n, block, n)
+
+
+@njit(parallel=True, cache=True)
+def fwht_columns(X):
+    """In-place FWHT of every row of ``X`` (shape (k, N), C-contiguous), parallel over rows."""
+    for c in prange(X.shape[0]):
+        fwht_vector(X[c])
+
+
+_SRHT_GROUP = 8  # columns per work item: one 64-byte cache line of a row-major float64 A
+
+
+@njit(parallel=True, cache=True)
+def srht_apply(k0, k1, stream, n_pad, rows, scale, A, out):
+    """``out = scale * (H D A_pad)[rows]`` with D the Philox signs, H the n_pad-point FWHT.
+
+    Work items are groups of 8 columns: each gathers its columns (times the signs) into a
+    private (8, n_pad) buffer, so A is read once whatever its memory order, transforms each
+    column in cache-blocked passes, and keeps only the sampled rows. Extra memory:
+    threads * 8 * n_pad.
+    """
+    n, k = A.shape
+    r = rows.shape[0]
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    n_groups = (k + _SRHT_GROUP - 1) // _SRHT_GROUP
+    signs = np.empty(n, dtype=A.dtype)
+    for jb in prange((n + 3) // 4):
+        w0, w1, w2, w3 = _words(key0, key1, jb, 0, stream)
+        j = 4 * jb
+        signs[j] = 1.0 - 2.0 * np.float64(w0 & np.uint64(1))
+        if j + 1 < n:
+            signs[j + 1] = 1.0 - 2.0 * np.float64(w1 & np.uint64(1))
+        if j + 2 < n:
+            signs[j + 2] = 1.0 - 2.0 * np.float64(w2 & np.uint64(1))
+        if j + 3 < n:
+            signs[j + 3] = 1.0 - 2.0 * np.float64(w3 & np.uint64(1))
+    for g in prange(n_groups):
+        c0 = g * _SRHT_GROUP
+        m = min(_SRHT_GROUP, k - c0)
+        buf = np.zeros((m, n_pad), dtype=A.dtype)
+        for j in range(n):
+            sj = signs[j]
+            for c in range(m):
+                buf[c, j] = sj * A[j, c0 + c]
+        for c in range(m):
+            fwht_vector(buf[c])
+            for i in range(r):
+                out[i, c0 + c] = scale * buf[c, rows[i]]
+
+
+@njit(parallel=True, cache=True)
+def srht_adjoint(k0, k1, stream, n_pad, rows, scale, Z, out):
+    """``out = scale * D H^T P^T Z`` truncated to the first n rows (H is symmetric)."""
+    n, k = out.shape
+    r = rows.shape[0]
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for c in prange(k):
+        buf = np.zeros(n_pad, dtype=out.dtype)
+        for i in range(r):
+            buf[rows[i]] += Z[i, c]
+        fwht_vector(buf)
+        for jb in range((n + 3) // 4):
+            w0, w1, w2, w3 = _words(key0, key1, jb, 0, stream)
+            j = 4 * jb
+            out[j, c] = scale * (1.0 - 2.0 * np.float64(w0 & np.uint64(1))) * buf[j]
+            if j + 1 < n:
+                out[j + 1, c] = scale * (1.0 - 2.0 * np.float64(w1 & np.uint64(1))) * buf[j + 1]
+            if j + 2 < n:
+                out[j + 2, c] = scale * (1.0 - 2.0 * np.float64(w2 & np.uint64(1))) * buf[j + 2]
+            if j + 3 < n:
+                out[j + 3, c] = scale * (1.0 - 2.0 * np.float64(w3 & np.uint64(1))) * buf[j + 3]

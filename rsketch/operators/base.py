@@ -1,0 +1,287 @@
+"""The sketch-operator base class: a small description whose entries are generated on demand.
+
+An operator is ``(kind, shape, key, options)``. Its dense entries exist only when asked for,
+one block of columns at a time (:meth:`SketchOperator.columns`); ``S @ A`` runs a fast kernel
+where one exists for the input's backend and otherwise sums ``S[:, a:b] @ A[a:b]`` over blocks,
+which is also the reference the kernels are tested against.
+
+Scaling lives in the operator: every family is scaled so that ``E[S.T @ S] = I`` (RandBLAS
+calls this the isometry scale); no caller ever rescales.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import LinearOperator
+
+from rsketch._backend import array_namespace, numpy_namespace
+from rsketch._random import key_from_seed
+from rsketch._validation import check_finite, check_float_dtype, check_int, check_operand
+
+# Entries per generated block in the block-summation paths: bounded memory (32 MB in float64).
+_BLOCK_ENTRIES = 1 << 22
+
+
+class SketchOperator:
+    """A random linear map ``S`` of shape ``(sketch_size, n_rows)`` with ``E[S.T @ S] = I``.
+
+    Subclasses describe one distribution each. They implement ``_reference_columns`` (dense
+    columns from the array-namespace Philox, the portable path) and may override
+    ``_fast_columns``, ``_apply_numpy``, ``_apply_sparse`` and ``_adjoint_numpy`` with kernels.
+
+    Parameters
+    ----------
+    n_rows : int
+        Number of rows of the matrices the sketch is applied to (columns of ``S``).
+    sketch_size : int
+        Number of rows of ``S`` (``r`` in the papers).
+    seed : None, int, numpy.random.SeedSequence or numpy.random.Generator
+        Source of the Philox key. The same int or SeedSequence gives the same operator in every
+        process and on every machine.
+    dtype : numpy.float32 or numpy.float64
+        Dtype of materialised entries (:meth:`to_dense`, :meth:`columns`). ``S @ A`` computes in
+        ``A``'s floating dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.GaussianSketch(1000, 50, seed=0)
+    >>> A = np.ones((1000, 3))
+    >>> (S @ A).shape
+    (50, 3)
+    >>> np.allclose(S @ A, S.to_dense() @ A)
+    True
+    """
+
+    kind: str = "abstract"
+
+    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64):
+        self.n_rows = check_int(n_rows, "n_rows", minimum=1)
+        self.sketch_size = check_int(sketch_size, "sketch_size", minimum=1)
+        if not self._allows_oversize and self.sketch_size > self.n_rows:
+            raise ValueError(
+                f"sketch_size must be <= n_rows for {type(self).__name__} (it selects distinct rows); "
+                f"got sketch_size={self.sketch_size}, n_rows={self.n_rows}"
+            )
+        self.dtype = check_float_dtype(dtype)
+        self.seed = seed
+        self.key = key_from_seed(seed)
+
+    # Whether sketch_size may exceed n_rows (projections and sampling with replacement may).
+    _allows_oversize = True
+    # Whether every entry of A reaches the output with a nonzero coefficient, so that a NaN/inf
+    # in A always shows in S @ A: then the (full-pass) input scan is replaced by a scan of the
+    # small output, and the input is scanned only when the output is not finite. Sampling
+    # sketches read only some rows and must scan the input.
+    _nonfinite_propagates = True
+
+    # ----------------------------------------------------------------------------- description
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(sketch_size, n_rows)``."""
+        return (self.sketch_size, self.n_rows)
+
+    ndim = 2
+
+    def _options(self) -> dict:
+        return {}
+
+    def __repr__(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in self._options().items())
+        return (
+            f"{type(self).__name__}(n_rows={self.n_rows}, sketch_size={self.sketch_size}, "
+            f"key=({self.key[0]:#010x}, {self.key[1]:#010x}){opts}, dtype={self.dtype.name})"
+        )
+
+    # ----------------------------------------------------------------------------- entries
+    def columns(self, start: int, stop: int) -> np.ndarray:
+        """Dense columns ``start:stop`` of ``S`` (shape ``(sketch_size, stop - start)``).
+
+        Generated alone, without generating any other column.
+
+        Examples
+        --------
+        >>> import rsketch
+        >>> S = rsketch.CountSketch(100, 10, seed=1)
+        >>> (S.columns(20, 30) == S.to_dense()[:, 20:30]).all()
+        True
+        """
+        start, stop = self._check_range(start, stop)
+        return self._fast_columns(start, stop).astype(self.dtype, copy=False)
+
+    def reference_columns(self, start: int, stop: int, xp=None):
+        """Columns ``start:stop`` from the portable array-namespace path (NumPy by default)."""
+        start, stop = self._check_range(start, stop)
+        xp = xp or numpy_namespace()
+        return self._reference_columns(start, stop, xp)
+
+    def to_dense(self) -> np.ndarray:
+        """Materialise ``S`` as a dense ``(sketch_size, n_rows)`` array (for tests and small problems)."""
+        return self.columns(0, self.n_rows)
+
+    def __getitem__(self, index):
+        if (
+            isinstance(index, tuple)
+            and len(index) == 2
+            and index[0] == slice(None)
+            and isinstance(index[1], slice)
+            and index[1].step in (None, 1)
+        ):
+            start, stop, _ = index[1].indices(self.n_rows)
+            return self.columns(start, max(start, stop))
+        raise IndexError("a sketch operator supports only column blocks S[:, a:b]")
+
+    def _check_range(self, start, stop):
+        start = check_int(start, "start", minimum=0, maximum=self.n_rows)
+        stop = check_int(stop, "stop", minimum=start, maximum=self.n_rows)
+        return start, stop
+
+    def _fast_columns(self, start, stop):
+        return self._reference_columns(start, stop, numpy_namespace())
+
+    def _reference_columns(self, start, stop, xp):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _block_size(self) -> int:
+        return max(1, _BLOCK_ENTRIES // self.sketch_size)
+
+    # ----------------------------------------------------------------------------- products
+    def __matmul__(self, A):
+        A, is_vector = check_operand(A, self.n_rows, "A", check_finite_values=not self._nonfinite_propagates)
+        if sp.issparse(A):
+            out = self._apply_sparse(A)
+        elif isinstance(A, np.ndarray):
+            out = self._apply_numpy(A)
+        else:
+            out = self.reference_apply(A)
+        if self._nonfinite_propagates and not bool(
+            array_namespace(out).all(array_namespace(out).isfinite(out))
+        ):
+            check_finite(A, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
+        return out[:, 0] if is_vector else out
+
+    def reference_apply(self, A):
+        """``S @ A`` as the sum over column blocks of ``S[:, a:b] @ A[a:b]`` (portable path)."""
+        if sp.issparse(A):
+            return self._block_sum_sparse(A, self.reference_columns)
+        xp = array_namespace(A)
+        out = xp.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
+        bs = self._block_size()
+        for a in range(0, self.n_rows, bs):
+            b = min(self.n_rows, a + bs)
+            out = out + xp.astype(self._reference_columns(a, b, xp), A.dtype) @ A[a:b, :]
+        return out
+
+    def _apply_numpy(self, A):
+        out = np.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
+        bs = self._block_size()
+        for a in range(0, self.n_rows, bs):
+            b = min(self.n_rows, a + bs)
+            out += self._fast_columns(a, b).astype(A.dtype, copy=False) @ A[a:b]
+        return out
+
+    def _apply_sparse(self, A):
+        return self._block_sum_sparse(A, lambda a, b: self._fast_columns(a, b))
+
+    def _block_sum_sparse(self, A, columns):
+        A = A.tocsr()
+        out = np.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
+        bs = self._block_size()
+        for a in range(0, self.n_rows, bs):
+            b = min(self.n_rows, a + bs)
+            block = np.asarray(columns(a, b), dtype=A.dtype)
+            out += (A[a:b].T @ block.T).T
+        return out
+
+    # ----------------------------------------------------------------------------- adjoint
+    @property
+    def T(self) -> AdjointSketch:
+        """The adjoint ``S.T`` (shape ``(n_rows, sketch_size)``), applied without forming ``S``."""
+        return AdjointSketch(self)
+
+    def _adjoint(self, Z):
+        Z, is_vector = check_operand(Z, self.sketch_size, "Z")
+        if sp.issparse(Z):
+            Z = Z.toarray()
+        if isinstance(Z, np.ndarray):
+            out = self._adjoint_numpy(Z)
+        else:
+            out = self.reference_adjoint(Z)
+        return out[:, 0] if is_vector else out
+
+    def reference_adjoint(self, Z):
+        """``S.T @ Z`` block by block from the portable path."""
+        xp = array_namespace(Z)
+        bs = self._block_size()
+        parts = [
+            xp.astype(self._reference_columns(a, min(self.n_rows, a + bs), xp), Z.dtype).T @ Z
+            for a in range(0, self.n_rows, bs)
+        ]
+        return xp.concat(parts, axis=0)
+
+    def _adjoint_numpy(self, Z):
+        out = np.empty((self.n_rows, Z.shape[1]), dtype=Z.dtype)
+        bs = self._block_size()
+        for a in range(0, self.n_rows, bs):
+            b = min(self.n_rows, a + bs)
+            out[a:b] = self._fast_columns(a, b).astype(Z.dtype, copy=False).T @ Z
+        return out
+
+    def as_linear_operator(self) -> LinearOperator:
+        """A ``scipy.sparse.linalg.LinearOperator`` with ``matvec``/``rmatvec`` (and ``matmat``).
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> L = rsketch.SRHT(64, 8, seed=0).as_linear_operator()
+        >>> L.shape, L.matvec(np.ones(64)).shape
+        ((8, 64), (8,))
+        """
+        return LinearOperator(
+            shape=self.shape,
+            matvec=lambda x: self @ np.asarray(x).reshape(-1),
+            rmatvec=lambda z: self._adjoint(np.asarray(z).reshape(-1)),
+            matmat=lambda X: self @ X,
+            rmatmat=lambda Z: self._adjoint(Z),
+            dtype=self.dtype,
+        )
+
+
+class AdjointSketch:
+    """``S.T``: applies the adjoint of a sketch operator; ``S.T.T is S``'s operator.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.SparseSign(200, 20, seed=3)
+    >>> x, z = np.ones(200), np.arange(20.0)
+    >>> np.isclose((S @ x) @ z, x @ (S.T @ z))
+    True
+    """
+
+    def __init__(self, operator: SketchOperator):
+        self.operator = operator
+
+    @property
+    def shape(self):
+        return (self.operator.n_rows, self.operator.sketch_size)
+
+    ndim = 2
+
+    @property
+    def T(self) -> SketchOperator:
+        return self.operator
+
+    @property
+    def dtype(self):
+        return self.operator.dtype
+
+    def __matmul__(self, Z):
+        return self.operator._adjoint(Z)
+
+    def to_dense(self) -> np.ndarray:
+        return self.operator.to_dense().T
+
+    def __repr__(self) -> str:
+        return f"{self.operator!r}.T"

@@ -1,0 +1,166 @@
+"""Sparse sign embeddings: SparseSign (s nonzeros per column, OSNAP) and CountSketch (s = 1)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rsketch._random import STREAM_ROW, random_words, signs_from_words
+from rsketch._validation import check_int
+from rsketch.kernels import cpu
+from rsketch.operators.base import SketchOperator
+
+
+def _n_chunks(n: int) -> int:
+    # Row ranges with private accumulators: a function of n only, never of the thread count,
+    # so S @ A is bitwise the same on every machine; at most 8 (memory 8 r k).
+    return min(8, max(1, n // 16384))
+
+
+class SparseSign(SketchOperator):
+    """Sparse sign embedding: each column of ``S`` has ``s`` nonzeros ``+-1/sqrt(s)``.
+
+    The rows are split into ``s`` contiguous blocks (block ``t`` is rows
+    ``floor(t r / s) .. floor((t+1) r / s) - 1``) and column ``j`` has exactly one nonzero in each
+    block, at a uniformly chosen row with a random sign (the block construction of OSNAP, Nelson &
+    Nguyen 2013; Kane & Nelson 2014). Nonzero ``t`` of column ``j`` comes from counter
+    ``(j, t // 2, STREAM_ROW)``: word ``2 (t % 2)`` picks the row, bit 0 of the next word the sign.
+    Each column has unit norm and distinct rows, so ``E[S.T S] = I``.
+
+    ``S @ A`` is one streaming pass over ``A``: a compiled kernel hashes row ``j`` on the fly and
+    adds it, signed, into ``s`` rows of a per-thread ``r x k`` accumulator (scatter-add). We
+    measured it against sorting the rows of ``A`` by bucket and summing segments: the sort
+    moves all of ``A`` once more, while the accumulators (``r k`` values per thread) stay in
+    cache, so the scatter wins; see ``docs/operators.md``. Cost ``O(s nnz(A))``; extra memory
+    ``threads * r * k``.
+
+    Parameters
+    ----------
+    n_rows, sketch_size, seed, dtype
+        See :class:`rsketch.SketchOperator`.
+    nnz_per_column : int, default min(8, sketch_size)
+        ``s``: nonzeros per column. ``s = 8`` is the common practical choice (Tropp et al.;
+        RandBLAS); larger ``s`` gives distortion closer to Gaussian at ``s`` times the cost.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.SparseSign(1000, 100, seed=0, nnz_per_column=4)
+    >>> (np.count_nonzero(S.to_dense(), axis=0) == 4).all()
+    True
+    """
+
+    kind = "sparse_sign"
+
+    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64, nnz_per_column=None):
+        super().__init__(n_rows, sketch_size, seed=seed, dtype=dtype)
+        if nnz_per_column is None:
+            nnz_per_column = min(8, self.sketch_size)
+        self.nnz_per_column = check_int(nnz_per_column, "nnz_per_column", minimum=1, maximum=self.sketch_size)
+
+    def _options(self):
+        return {"nnz_per_column": self.nnz_per_column}
+
+    @property
+    def _scale(self) -> float:
+        return 1.0 / math.sqrt(self.nnz_per_column)
+
+    def pattern(self, start=0, stop=None):
+        """Rows and signs of the nonzeros of columns ``start:stop``: two ``(m, s)`` arrays."""
+        stop = self.n_rows if stop is None else stop
+        start, stop = self._check_range(start, stop)
+        s, r = self.nnz_per_column, self.sketch_size
+        return cpu.sparse_pattern(self.key[0], self.key[1], start, stop, s, r, STREAM_ROW)
+
+    def reference_pattern(self, start=0, stop=None, xp=np):
+        """The same pattern from the portable Philox path."""
+        stop = self.n_rows if stop is None else stop
+        s, r = self.nnz_per_column, self.sketch_size
+        j = xp.arange(start, stop, dtype=xp.int64)[:, None]
+        t = xp.arange(s, dtype=xp.int64)[None, :]
+        w = random_words(xp, self.key, j, t // 2, STREAM_ROW)
+        odd = (t % 2) == 1
+        w_row = xp.where(odd, w[2], w[0])
+        w_sign = xp.where(odd, w[3], w[1])
+        lo = (t * r) // s
+        hi = ((t + 1) * r) // s
+        # Lemire's multiply-shift with a per-block bound (as bounded_from_words, vectorised over t).
+        rows = lo + xp.astype((xp.astype(w_row, xp.uint64) * xp.astype(hi - lo, xp.uint64)) >> 32, xp.int64)
+        return rows, signs_from_words(xp, w_sign, xp.float64)
+
+    def _dense_from_pattern(self, rows, signs, start, stop, xp):
+        m = stop - start
+        onehot = xp.astype(rows[:, :, None] == xp.arange(self.sketch_size)[None, None, :], xp.float64)
+        cols = xp.sum(onehot * signs[:, :, None], axis=1)  # (m, r)
+        return cols.T * self._scale if m else xp.zeros((self.sketch_size, 0), dtype=xp.float64)
+
+    def _fast_columns(self, start, stop):
+        rows, signs = self.pattern(start, stop)
+        out = np.zeros((self.sketch_size, stop - start))
+        cols = np.arange(stop - start)
+        for t in range(self.nnz_per_column):
+            out[rows[:, t], cols] += signs[:, t] * self._scale
+        return out
+
+    def _reference_columns(self, start, stop, xp):
+        rows, signs = self.reference_pattern(start, stop, xp)
+        return self._dense_from_pattern(rows, signs, start, stop, xp)
+
+    def _block_size(self) -> int:
+        return max(1, (1 << 20) // self.sketch_size)
+
+    def _apply_numpy(self, A):
+        out = np.empty((self.sketch_size, A.shape[1]), dtype=A.dtype)
+        args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
+        if A.flags.f_contiguous and not A.flags.c_contiguous:
+            cpu.sparse_apply_dense_fortran(*args, A, out)
+        else:
+            cpu.sparse_apply_dense(*args, np.ascontiguousarray(A), out, _n_chunks(A.shape[0]))
+        return out
+
+    def _apply_sparse(self, A):
+        A = A.tocsr()
+        A.sum_duplicates()
+        out = np.empty((self.sketch_size, A.shape[1]), dtype=A.dtype)
+        args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
+        cpu.sparse_apply_csr(
+            *args, A.indptr, A.indices, A.data, A.shape[0], A.shape[1], out, _n_chunks(A.shape[0])
+        )
+        return out
+
+    def _adjoint_numpy(self, Z):
+        out = np.empty((self.n_rows, Z.shape[1]), dtype=Z.dtype)
+        args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
+        cpu.sparse_adjoint(*args, np.ascontiguousarray(Z), out)
+        return out
+
+
+class CountSketch(SparseSign):
+    """CountSketch (Clarkson & Woodruff 2013): one ``+-1`` per column, at a hashed row.
+
+    The ``s = 1`` case of :class:`SparseSign` (same kernels, same counters). The cheapest
+    embedding to apply (one pass over ``A``, ``O(nnz(A))``) but it needs ``r`` of order ``p**2``
+    rather than ``p`` for a subspace embedding of a ``p``-dimensional space, so it is usually
+    the first stage of a two-stage sketch or used with generous ``r``.
+
+    Parameters
+    ----------
+    n_rows, sketch_size, seed, dtype
+        See :class:`rsketch.SketchOperator`.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.CountSketch(10, 4, seed=0)
+    >>> np.abs(S.to_dense()).sum(axis=0)
+    array([1., 1., 1., 1., 1., 1., 1., 1., 1., 1.])
+    """
+
+    kind = "countsketch"
+
+    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64):
+        super().__init__(n_rows, sketch_size, seed=seed, dtype=dtype, nnz_per_column=1)
+
+    def _options(self):
+        return {}

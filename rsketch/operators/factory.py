@@ -24,9 +24,8 @@ def _check_options(func, options, kind):
     allowed = {name for name, prm in params.items() if prm.kind is inspect.Parameter.KEYWORD_ONLY}
     unknown = set(options) - allowed
     if unknown:
-        raise TypeError(
-            f"unknown option(s) {sorted(unknown)} for sketch kind {kind!r}; allowed: {sorted(allowed - {'seed'})}"
-        )
+        allowed = sorted(allowed - {"seed"})
+        raise TypeError(f"unknown option(s) {sorted(unknown)} for sketch kind {kind!r}; allowed: {allowed}")
 
 
 def make_sketch(kind, n_rows, sketch_size, *, seed=None, A=None, **options):

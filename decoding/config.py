@@ -1,0 +1,109 @@
+"""The Llama hyper-parameters, read and validated from GGUF metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["LlamaConfig"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters of a Llama model.
+
+    Parameters
+    ----------
+    n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab_size, context_length : int
+        Block count, embedding width, query heads, key/value heads (grouped-query attention when
+        fewer than ``n_heads``), MLP width, vocabulary and trained context.
+    rope_theta : float
+        RoPE base frequency.
+    norm_eps : float
+        RMSNorm epsilon.
+    head_dim : int
+        ``d_model // n_heads``; RoPE rotates all of it.
+
+    Examples
+    --------
+    >>> cfg = LlamaConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=100,
+    ...                   context_length=256, rope_theta=10000.0, norm_eps=1e-5)
+    >>> cfg.head_dim
+    16
+    """
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    vocab_size: int
+    context_length: int
+    rope_theta: float
+    norm_eps: float
+
+    def __post_init__(self):
+        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "context_length"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"config {name} must be a positive integer, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        if not (np.isfinite(self.rope_theta) and self.rope_theta > 1):
+            raise ValueError(f"rope_theta must be a finite number > 1, got {self.rope_theta!r}")
+        if not (np.isfinite(self.norm_eps) and 0 < self.norm_eps < 1):
+            raise ValueError(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_metadata(cls, md: dict) -> LlamaConfig:
+        """Build from GGUF metadata; raises ``ValueError`` naming any missing or ill-typed key."""
+        arch = md.get("general.architecture")
+        if arch != "llama":
+            raise ValueError(f"GGUF general.architecture is {arch!r}; only 'llama' is supported")
+
+        def get(key, kind, default=None):
+            full = f"llama.{key}"
+            if full not in md:
+                if default is not None:
+                    return default
+                raise ValueError(f"GGUF metadata lacks {full!r}")
+            v = md[full]
+            if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+                raise ValueError(f"GGUF metadata {full!r} must be an integer, got {v!r}")
+            if kind is float and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+                raise ValueError(f"GGUF metadata {full!r} must be a number, got {v!r}")
+            return kind(v)
+
+        n_heads = get("attention.head_count", int)
+        vocab = md.get("llama.vocab_size")
+        if vocab is None:
+            tokens = md.get("tokenizer.ggml.tokens")
+            if tokens is None:
+                raise ValueError("GGUF metadata lacks llama.vocab_size and tokenizer.ggml.tokens")
+            vocab = len(tokens)
+        cfg = cls(
+            n_layers=get("block_count", int),
+            d_model=get("embedding_length", int),
+            n_heads=n_heads,
+            n_kv_heads=get("attention.head_count_kv", int, n_heads),
+            d_ff=get("feed_forward_length", int),
+            vocab_size=int(vocab),
+            context_length=get("context_length", int),
+            rope_theta=get("rope.freq_base", float, 10000.0),
+            norm_eps=get("attention.layer_norm_rms_epsilon", float),
+        )
+        rope_dims = md.get("llama.rope.dimension_count", cfg.head_dim)
+        if rope_dims != cfg.head_dim:
+            raise ValueError(
+                f"llama.rope.dimension_count {rope_dims} != head_dim {cfg.head_dim} (partial RoPE)"
+            )
+        return cfg

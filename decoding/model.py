@@ -1,0 +1,317 @@
+"""The Llama forward pass over a packed batch (gpt-fast style, NumPy).
+
+Shapes: ``T`` packed new tokens, ``B`` sequences, ``d`` model width, ``H`` query heads, ``Hkv``
+key/value heads, ``D`` head size, ``F`` MLP width, ``V`` vocabulary.
+
+Weights are held as contiguous matrices pre-transposed for ``x @ W``, with Q, K, V fused into one
+``[d, (H + 2 Hkv) D]`` matrix and gate/up fused into one ``[d, 2F]`` matrix per layer, so a layer is
+four matrix products. The tied output head reuses the embedding (a transposed view, no copy) and is
+applied only to the rows whose logits are asked for.
+
+RoPE: llama.cpp's converter permutes the Q and K rows of Hugging Face checkpoints so that GGUF
+llama models rotate *adjacent* pairs ``(x[2i], x[2i+1])`` by ``pos * theta ** (-2i / D)``
+(llama.cpp's "normal" RoPE); we apply exactly that to GGUF weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import packed_attention
+from .config import LlamaConfig
+from .gguf import GGUFFile, read_gguf
+from .kv_cache import KVCache
+
+__all__ = ["Model", "Layer", "PackedBatch"]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One transformer block's weights (pre-transposed for ``x @ W``)."""
+
+    attn_norm: np.ndarray  # [d]
+    wqkv: np.ndarray  # [d, (H + 2 Hkv) D]
+    wo: np.ndarray  # [H D, d]
+    ffn_norm: np.ndarray  # [d]
+    w_gate_up: np.ndarray  # [d, 2F]
+    w_down: np.ndarray  # [F, d]
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """The engine's one currency: new tokens of ``B`` sequences packed into one array.
+
+    Attributes
+    ----------
+    tokens : int array [T]
+    seq_ids : int array [B]
+        Cache sequence of each packed sequence (distinct).
+    cu_seqlens : int array [B + 1]
+        Prefix sums of the new-token counts; sequence ``b`` owns ``tokens[cu_seqlens[b]:cu_seqlens[b+1]]``.
+    positions : int array [T]
+        RoPE position of every token (usually cache length + offset; a padded layout passes the
+        real positions of its tokens).
+
+    Examples
+    --------
+    >>> pb = PackedBatch.from_lists([[5, 6, 7], [8]], seq_ids=[0, 1], start_positions=[0, 4])
+    >>> pb.cu_seqlens.tolist(), pb.positions.tolist()
+    ([0, 3, 4], [0, 1, 2, 4])
+    """
+
+    tokens: np.ndarray
+    seq_ids: np.ndarray
+    cu_seqlens: np.ndarray
+    positions: np.ndarray
+
+    @classmethod
+    def from_lists(cls, token_lists, *, seq_ids, start_positions) -> PackedBatch:
+        counts = np.array([len(t) for t in token_lists], dtype=np.int64)
+        cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])
+        pos = np.concatenate(
+            [p + np.arange(n, dtype=np.int64) for p, n in zip(start_positions, counts, strict=True)]
+        )
+        return cls(tokens, np.asarray(seq_ids, dtype=np.int64), cu, pos)
+
+
+def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    # x: [T, d]
+    ms = np.einsum("td,td->t", x, x)[:, None] / x.shape[-1]  # [T, 1]
+    return x * (w / np.sqrt(ms + eps))
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    # x: [T, heads, D]; cos, sin: [T, 1, D/2]; adjacent pairs (x[2i], x[2i+1]) rotate together
+    T, nh, D = x.shape
+    xp = x.reshape(T, nh, D // 2, 2)
+    x0, x1 = xp[..., 0], xp[..., 1]  # [T, heads, D/2]
+    out = np.empty_like(xp)
+    out[..., 0] = x0 * cos - x1 * sin
+    out[..., 1] = x0 * sin + x1 * cos
+    return out.reshape(T, nh, D)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class Model:
+    """A Llama model whose forward runs on packed batches against a :class:`KVCache`.
+
+    Build it with :meth:`from_gguf`. ``dtype`` is float32 for inference, float64 for exact tests.
+
+    Examples
+    --------
+    >>> model = Model.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+    >>> cache = model.new_cache(max_seqs=2, capacity=64)  # doctest: +SKIP
+    >>> a, b = cache.allocate(), cache.allocate()  # doctest: +SKIP
+    >>> logits = model.forward(np.array([1, 2, 3, 4]), cache=cache, seq_ids=np.array([a, b]),
+    ...                        cu_seqlens=np.array([0, 3, 4]), logits="last")  # doctest: +SKIP
+    >>> logits.shape  # doctest: +SKIP
+    (2, 49152)
+    """
+
+    def __init__(self, config: LlamaConfig, layers, tok_embd, out_norm, output=None, *, dtype=np.float32):
+        self.config = config
+        self.layers = list(layers)
+        self.tok_embd = tok_embd  # [V, d]
+        self.out_norm = out_norm  # [d]
+        self._output = output  # [V, d] or None when tied to tok_embd
+        self.dtype = np.dtype(dtype)
+        D = config.head_dim
+        self._inv_freq = config.rope_theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # [D/2]
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, source, *, dtype=np.float32) -> Model:
+        """Load and dequantize a llama GGUF file (a path or a parsed :class:`GGUFFile`).
+
+        Checks every tensor's presence and shape against the metadata; ``ValueError`` otherwise.
+        Memory: one float32 (or float64) copy of every weight; the file itself is only mapped.
+        """
+        f = source if isinstance(source, GGUFFile) else read_gguf(source)
+        cfg = LlamaConfig.from_metadata(f.metadata)
+        d, H, Hkv, D, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+
+        def get(name, shape):
+            if name not in f.tensors:
+                raise ValueError(f"GGUF file lacks tensor {name!r}")
+            info = f.tensors[name]
+            if info.shape != shape:
+                raise ValueError(f"GGUF tensor {name!r} has shape {info.shape}, expected {shape}")
+            return f.tensor(name, dtype=dtype)
+
+        expected = {"token_embd.weight", "output_norm.weight", "output.weight"}
+        layers = []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"]
+            names += ["ffn_gate", "ffn_up", "ffn_down"]
+            expected |= {p + n + ".weight" for n in names}
+            wq = get(p + "attn_q.weight", (H * D, d))  # [out, in]
+            wk = get(p + "attn_k.weight", (Hkv * D, d))
+            wv = get(p + "attn_v.weight", (Hkv * D, d))
+            wg = get(p + "ffn_gate.weight", (F, d))
+            wu = get(p + "ffn_up.weight", (F, d))
+            layers.append(
+                Layer(
+                    attn_norm=get(p + "attn_norm.weight", (d,)),
+                    wqkv=np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=0).T),
+                    wo=np.ascontiguousarray(get(p + "attn_output.weight", (d, H * D)).T),
+                    ffn_norm=get(p + "ffn_norm.weight", (d,)),
+                    w_gate_up=np.ascontiguousarray(np.concatenate([wg, wu], axis=0).T),
+                    w_down=np.ascontiguousarray(get(p + "ffn_down.weight", (d, F)).T),
+                )
+            )
+        unexpected = set(f.tensors) - expected - {"rope_freqs.weight"}
+        if unexpected:
+            raise ValueError(f"GGUF file has unexpected tensors: {sorted(unexpected)[:5]}")
+        if "rope_freqs.weight" in f.tensors:
+            raise ValueError("GGUF file has rope_freqs.weight (scaled RoPE), which is not supported")
+        tok_embd = get("token_embd.weight", (V, d))
+        output = get("output.weight", (V, d)) if "output.weight" in f.tensors else None
+        out_norm = get("output_norm.weight", (d,))
+        return cls(cfg, layers, tok_embd, out_norm, output, dtype=dtype)
+
+    def truncated(self, n_layers: int) -> Model:
+        """A model sharing these weights that runs only the first ``n_layers`` blocks, then norm and head.
+
+        A self-speculative drafter; it needs its own cache (``new_cache``) with ``n_layers`` layers.
+        """
+        if not 1 <= n_layers <= self.n_layers:
+            raise ValueError(f"n_layers must be in [1, {self.n_layers}], got {n_layers}")
+        return Model(
+            self.config,
+            self.layers[:n_layers],
+            self.tok_embd,
+            self.out_norm,
+            self._output,
+            dtype=self.dtype,
+        )
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def output_weight(self) -> np.ndarray:
+        """The output head ``[V, d]`` (the embedding when tied)."""
+        return self.tok_embd if self._output is None else self._output
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights as held in memory (what one decode step must read)."""
+        n = self.tok_embd.nbytes + self.out_norm.nbytes
+        if self._output is not None:
+            n += self._output.nbytes
+        for L in self.layers:
+            n += sum(a.nbytes for a in (L.attn_norm, L.wqkv, L.wo, L.ffn_norm, L.w_gate_up, L.w_down))
+        return n
+
+    def new_cache(self, *, max_seqs: int, capacity: int) -> KVCache:
+        """A :class:`KVCache` for this model with ``max_seqs`` regions of ``capacity`` slots."""
+        return KVCache.for_model(self, max_seqs=max_seqs, capacity=capacity)
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens,
+        *,
+        cache: KVCache,
+        seq_ids,
+        cu_seqlens,
+        positions=None,
+        logits: str | None = "all",
+        key_valid=None,
+    ) -> np.ndarray | None:
+        """Run the new tokens of a packed batch, append their keys/values to ``cache``, return logits.
+
+        Parameters
+        ----------
+        tokens : int array [T]
+            New tokens of all sequences, concatenated.
+        cache : KVCache
+            Sequence ``seq_ids[b]`` already caches ``cache.lengths[seq_ids[b]]`` tokens; on return it
+            also holds the new ones.
+        seq_ids : int array [B]
+            Distinct cache sequence ids.
+        cu_seqlens : int array [B + 1]
+            Offsets of each sequence's new tokens in ``tokens`` (0 first, T last; counts may be 0).
+        positions : int array [T], optional
+            RoPE positions; default each sequence's cache length plus the token's offset.
+        logits : {"all", "last", None}
+            Logits for every new token ``[T, V]``, for each sequence's last new token ``[B, V]``
+            (a sequence with no new tokens gives a row of NaN), or none (prefill of a drafter).
+        key_valid : bool array [cache.max_seqs, cache.capacity], optional
+            Cache slots (including the ones written now) that may be attended to; a padded
+            layout marks its pad slots False. Default: all.
+
+        Returns
+        -------
+        logits : array or None
+        """
+        cfg = self.config
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        seq_ids = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
+        cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
+        T, B = tokens.size, seq_ids.size
+        if cu.size != B + 1 or cu[0] != 0 or cu[-1] != T or (np.diff(cu) < 0).any():
+            raise ValueError(
+                f"cu_seqlens must be {B + 1} non-decreasing offsets from 0 to {T}, got {cu.tolist()}"
+            )
+        if T and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
+            raise ValueError(f"token ids must be in [0, {cfg.vocab_size})")
+        if logits not in ("all", "last", None):
+            raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
+        if cache.n_layers < self.n_layers:
+            raise ValueError(f"cache has {cache.n_layers} layers, the model needs {self.n_layers}")
+        if key_valid is not None:
+            key_valid = np.asarray(key_valid, dtype=bool)
+            if key_valid.shape != (cache.max_seqs, cache.capacity):
+                raise ValueError(
+                    f"key_valid must have shape {(cache.max_seqs, cache.capacity)}, got {key_valid.shape}"
+                )
+        counts = np.diff(cu)  # [B]
+        old = cache.lengths[seq_ids].copy()  # [B]
+        slots = cache.prepare(seq_ids, counts)  # [T]
+        if positions is None:
+            positions = slots - np.repeat(cache.starts[seq_ids], counts)  # cache offset of each token
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if positions.size != T:
+            raise ValueError(f"positions must have {T} entries, got {positions.size}")
+
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        ang = positions[:, None] * self._inv_freq[None, :]  # [T, D/2]
+        cos = np.cos(ang).astype(self.dtype)[:, None, :]  # [T, 1, D/2]
+        sin = np.sin(ang).astype(self.dtype)[:, None, :]
+        eps = cfg.norm_eps
+
+        x = self.tok_embd[tokens]  # [T, d]
+        for li, L in enumerate(self.layers):
+            h = _rmsnorm(x, L.attn_norm, eps)  # [T, d]
+            qkv = h @ L.wqkv  # [T, (H + 2Hkv) D]
+            q = _rope(qkv[:, : H * D].reshape(T, H, D), cos, sin)  # [T, H, D]
+            k = _rope(qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D), cos, sin)  # [T, Hkv, D]
+            v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
+            cache.write(li, slots, k, v)
+            o = packed_attention(q, cache, li, seq_ids, cu, old, key_valid)  # [T, H, D]
+            x = x + o.reshape(T, H * D) @ L.wo  # [T, d]
+            h = _rmsnorm(x, L.ffn_norm, eps)
+            gu = h @ L.w_gate_up  # [T, 2F]
+            F = gu.shape[1] // 2
+            x = x + (_silu(gu[:, :F]) * gu[:, F:]) @ L.w_down  # [T, d]
+        cache.advance(seq_ids, counts)
+
+        if logits is None:
+            return None
+        if logits == "last":
+            idx = np.maximum(cu[1:] - 1, 0)
+            x = x[idx] if T else np.zeros((B, cfg.d_model), self.dtype)  # [B, d]
+        out = _rmsnorm(x, self.out_norm, eps) @ self.output_weight.T  # [T or B, V]
+        if logits == "last" and (counts == 0).any():
+            out[counts == 0] = np.nan
+        return out

@@ -1,1 +1,29 @@
-"""decoding: a small Llama inference engine with packed batches and multi-sample speculative decoding."""
+"""decoding: a small Llama inference engine with packed batches and multi-sample speculative decoding.
+
+>>> import decoding
+>>> model, tokenizer = decoding.load_model()  # doctest: +SKIP
+>>> prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+>>> decoding.generate(model, tokenizer, [prompt], max_new_tokens=16).texts  # doctest: +SKIP
+['The capital of France is Paris.']
+"""
+
+from .api import LoadedModel, generate, load_model
+from .config import LlamaConfig
+from .kv_cache import KVCache
+from .model import Model, PackedBatch
+from .results import GenerationResult
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+
+__all__ = [
+    "generate",
+    "load_model",
+    "LoadedModel",
+    "GenerationResult",
+    "Model",
+    "PackedBatch",
+    "KVCache",
+    "LlamaConfig",
+    "SamplingParams",
+    "Tokenizer",
+]

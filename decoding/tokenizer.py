@@ -33,8 +33,9 @@ class Tokenizer:
     '<|im_start|>system\\n...<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
     """
 
-    def __init__(self, hf: _HFTokenizer, *, bos_id, eos_id, add_bos, chat_template, id_to_token):
+    def __init__(self, hf: _HFTokenizer, *, bos_id, eos_id, add_bos, chat_template, id_to_token, eot_id=None):
         self._hf = hf
+        self.eot_id = eot_id
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.add_bos = add_bos
@@ -102,6 +103,7 @@ class Tokenizer:
             hf,
             bos_id=tok_id("tokenizer.ggml.bos_token_id"),
             eos_id=tok_id("tokenizer.ggml.eos_token_id"),
+            eot_id=tok_id("tokenizer.ggml.eot_token_id"),
             add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
             chat_template=md.get("tokenizer.chat_template"),
             id_to_token=list(tokens),

@@ -1,0 +1,148 @@
+"""Batched autoregressive decoding: prefill every prompt in one packed forward, then one token per step.
+
+Finished sequences (EOS, a stop string, or ``max_new_tokens``) leave the packed batch at once, so
+later steps only run the sequences still going, and their cache regions are released.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .results import GenerationResult
+from .sampling import SamplingParams, sample
+
+__all__ = ["autoregressive_generate", "StreamState"]
+
+
+class StreamState:
+    """Per-sequence incremental detokenization with stop strings.
+
+    Decodes the whole generated id list each step (simple and exact for byte-level BPE), holds
+    back an incomplete UTF-8 character and any tail that could still begin a stop string, and
+    reports the new text since the last call.
+    """
+
+    def __init__(self, tokenizer, stop: list[str]):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.emitted = 0  # characters of text already reported
+        self.text = ""
+        self.stopped = False
+
+    def update(self, ids: list[int]) -> str:
+        """Register the generated ids so far; return the newly final text (may be empty)."""
+        text = self.tokenizer.decode(ids)
+        final = len(text)
+        for s in self.stop:
+            i = text.find(s)
+            if i >= 0:
+                self.stopped = True
+                final = min(final, i)
+        if self.stopped:
+            text = text[:final]
+        else:
+            if text.endswith("\ufffd"):  # incomplete UTF-8 sequence
+                final = len(text.rstrip("\ufffd"))
+            for s in self.stop:  # hold back a tail that may grow into a stop string
+                for k in range(min(len(s) - 1, final), 0, -1):
+                    if text[:final].endswith(s[:k]):
+                        final -= k
+                        break
+        self.text = text
+        delta = text[self.emitted : final]
+        self.emitted = max(self.emitted, final)
+        return delta
+
+    def flush(self) -> str:
+        """The held-back text at the end of generation."""
+        delta = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return delta
+
+
+def autoregressive_generate(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    stop: list[str],
+    rng: np.random.Generator,
+    stream=None,
+    eos_ids=(),
+) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` after each prompt (ids, validated by the caller).
+
+    ``stream(i, text)`` is called with each new piece of text of prompt ``i``.
+    """
+    B = len(prompt_ids)
+    lens = np.array([len(p) for p in prompt_ids], dtype=np.int64)
+    cache = model.new_cache(max_seqs=B, capacity=int(lens.max()) + max_new_tokens)
+    seq = np.array([cache.allocate() for _ in range(B)], dtype=np.int64)
+    eos = set(int(e) for e in eos_ids)
+    out: list[list[int]] = [[] for _ in range(B)]
+    states = [StreamState(tokenizer, stop) for _ in range(B)]
+    reasons = ["length"] * B
+
+    t0 = time.perf_counter()
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    logits = model.forward(
+        np.concatenate([np.asarray(p, dtype=np.int64) for p in prompt_ids]),
+        cache=cache,
+        seq_ids=seq,
+        cu_seqlens=cu,
+        logits="last",
+    )  # [B, V]
+    prefill_time = time.perf_counter() - t0
+
+    active = np.arange(B)
+    step_times = []
+    decode_start = time.perf_counter()
+    while True:
+        t_step = time.perf_counter()
+        nxt = sample(logits, sampling, rng)  # [len(active)]
+        still = []
+        for j, i in enumerate(active):
+            tok = int(nxt[j])
+            out[i].append(tok)
+            done = tok in eos
+            delta = states[i].update(out[i] if not done else out[i][:-1])
+            if states[i].stopped:
+                reasons[i], done = "stop", True
+            elif done:
+                reasons[i] = "eos"
+            elif len(out[i]) >= max_new_tokens:
+                done = True
+            if done:
+                delta += states[i].flush()
+                cache.release(int(seq[i]))
+            else:
+                still.append(i)
+            if stream is not None and delta:
+                stream(int(i), delta)
+        if not still:
+            if step_times:
+                step_times[-1] += time.perf_counter() - t_step
+            break
+        active = np.array(still, dtype=np.int64)
+        logits = model.forward(
+            np.array([out[i][-1] for i in active], dtype=np.int64),
+            cache=cache,
+            seq_ids=seq[active],
+            cu_seqlens=np.arange(len(active) + 1),
+            logits="last",
+        )
+        step_times.append(time.perf_counter() - t_step)
+    decode_time = time.perf_counter() - decode_start
+    return GenerationResult(
+        tokens=out,
+        texts=[s.text for s in states],
+        prompt_tokens=[list(map(int, p)) for p in prompt_ids],
+        finish_reasons=reasons,
+        prefill_time=prefill_time,
+        decode_time=decode_time,
+        step_times=step_times,
+    )

@@ -1,0 +1,91 @@
+"""Command line: ``python -m decoding generate "prompt" ...`` and ``python -m decoding demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .api import generate, load_model
+
+DEMO_QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 7 times 8?",
+    "Write one sentence about the sea.",
+]
+
+
+def _generate(args) -> int:
+    model, tok = load_model(args.model)
+    prompt = args.prompt
+    if args.chat:
+        prompt = tok.apply_chat_template([{"role": "user", "content": prompt}])
+    batch = args.batch
+
+    def stream(i, text):
+        if i == 0:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    res = generate(
+        model,
+        tok,
+        [prompt] * batch,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stream=stream,
+    )
+    print()
+    for i in range(1, batch):
+        print(f"--- sample {i} ---\n{res.texts[i]}")
+    print(
+        f"[{res.n_generated} tokens, batch {batch}: prefill {res.prefill_tokens_per_s:.1f} tok/s, "
+        f"decode {res.decode_tokens_per_s:.1f} tok/s, {1e3 * res.time_per_step:.1f} ms/step]"
+    )
+    return 0
+
+
+def _demo(args) -> int:
+    t0 = time.perf_counter()
+    model, tok = load_model(args.model)
+    dt = time.perf_counter() - t0
+    print(f"loaded {args.model} ({model.nbytes / 1e6:.0f} MB of float32 weights) in {dt:.1f} s")
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in DEMO_QUESTIONS]
+    res = generate(model, tok, prompts, max_new_tokens=args.max_new_tokens)
+    for q, a in zip(DEMO_QUESTIONS, res.texts, strict=True):
+        print(f"Q: {q}\nA: {a.strip()}\n")
+    print(
+        f"batch {len(prompts)}: {res.n_generated} tokens; prefill {res.prefill_tokens_per_s:.1f} tok/s, "
+        f"decode {res.decode_tokens_per_s:.1f} tok/s ({1e3 * res.time_per_step:.1f} ms per step)"
+    )
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m decoding", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text from a prompt, streaming it")
+    g.add_argument("prompt")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of B sequences")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
+    d = sub.add_parser("demo", help="answer four chat questions at batch 4")
+    d.add_argument("--max-new-tokens", type=int, default=48)
+    d.add_argument("--model", default="smollm2-135m")
+    args = parser.parse_args(argv)
+    if args.command == "generate" and args.batch < 1:
+        parser.error("--batch must be >= 1")
+    try:
+        return _generate(args) if args.command == "generate" else _demo(args)
+    except (ValueError, TypeError, ModuleNotFoundError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

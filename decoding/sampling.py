@@ -1,0 +1,114 @@
+"""Token selection: greedy, temperature, top-k and top-p (nucleus), on rows of logits.
+
+:func:`filtered_probs` gives the distribution a sampler draws from (the speculative acceptance
+rules of the EMS-SD work compare two such distributions); :func:`sample` draws from it, or takes
+the argmax when ``temperature == 0``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = ["SamplingParams", "validate_sampling", "filtered_probs", "sample", "greedy"]
+
+
+class SamplingParams:
+    """Validated sampling options (see :func:`validate_sampling`).
+
+    Examples
+    --------
+    >>> SamplingParams(temperature=0.7, top_k=50, top_p=0.9).greedy
+    False
+    """
+
+    __slots__ = ("temperature", "top_k", "top_p")
+
+    def __init__(self, temperature=0.0, top_k=None, top_p=None):
+        self.temperature, self.top_k, self.top_p = validate_sampling(temperature, top_k, top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def __repr__(self):
+        return f"SamplingParams(temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p})"
+
+
+def validate_sampling(temperature, top_k, top_p):
+    """Check ``temperature >= 0`` (0 is greedy), integer ``top_k >= 1`` or None, ``top_p`` in (0, 1] or None.
+
+    Returns the normalized ``(temperature, top_k, top_p)``; raises ``ValueError``/``TypeError``
+    naming the argument.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
+    temperature = float(temperature)
+    if not (np.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+            raise TypeError(f"top_k must be an integer or None, got {type(top_k).__name__}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        top_k = int(top_k)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
+            raise TypeError(f"top_p must be a real number or None, got {type(top_p).__name__}")
+        if not 0.0 < float(top_p) <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        top_p = float(top_p)
+    return temperature, top_k, top_p
+
+
+def greedy(logits: np.ndarray) -> np.ndarray:
+    """Argmax of each row of ``logits`` ``[B, V]`` -> ``[B]`` (ties: lowest id)."""
+    return np.argmax(logits, axis=-1)
+
+
+def filtered_probs(logits: np.ndarray, temperature: float, top_k=None, top_p=None) -> np.ndarray:
+    """Probabilities ``[B, V]`` after temperature, then top-k, then top-p (float64).
+
+    ``temperature == 0`` gives a one-hot row at the argmax.
+
+    Examples
+    --------
+    >>> p = filtered_probs(np.log(np.array([[0.5, 0.3, 0.2]])), 1.0, top_p=0.7)
+    >>> np.round(p, 3).tolist()
+    [[0.625, 0.375, 0.0]]
+    """
+    logits = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+    B, V = logits.shape
+    if temperature == 0.0:
+        out = np.zeros((B, V))
+        out[np.arange(B), greedy(logits)] = 1.0
+        return out
+    z = logits / temperature
+    if top_k is not None and top_k < V:
+        kth = np.partition(z, V - top_k, axis=-1)[:, V - top_k][:, None]  # k-th largest per row
+        z = np.where(z >= kth, z, -np.inf)
+    z = z - z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        ps = np.take_along_axis(p, order, axis=-1)
+        before = np.cumsum(ps, axis=-1) - ps  # mass strictly before each token
+        keep_sorted = before < top_p  # smallest prefix reaching top_p (the first token always kept)
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> np.ndarray:
+    """A token per row of ``logits`` ``[B, V]``: argmax if greedy, else a draw from :func:`filtered_probs`."""
+    if params.greedy:
+        return greedy(logits)
+    p = filtered_probs(logits, params.temperature, params.top_k, params.top_p)
+    u = rng.random(p.shape[0])[:, None]
+    cdf = np.cumsum(p, axis=-1)
+    idx = (cdf < u * cdf[:, -1:]).sum(axis=-1)
+    return np.minimum(idx, p.shape[1] - 1)

@@ -1,0 +1,527 @@
+"""Statistical and worst-case efficiency of the sketch-and-solve least-squares estimator.
+
+Raskutti & Mahoney (JMLR 2016) compare the sketched estimator
+``beta_S = argmin ||S y - S X beta||`` with full-data OLS in three ways, for one sketch ``S``:
+
+- worst-case (algorithmic) error ``C_WC(S) = ||y - X beta_S||^2 / ||y - X beta_OLS||^2`` for a given ``y``;
+- prediction efficiency ``C_PE(S) = E_eps ||X (beta_S - beta_0)||^2 / E_eps ||X (beta_OLS - beta_0)||^2``;
+- residual efficiency ``C_RE(S) = E_eps ||y - X beta_S||^2 / E_eps ||y - X beta_OLS||^2``,
+
+under ``y = X beta_0 + eps`` with ``E eps = 0``, ``Cov eps = sigma^2 I_n``; expectations are over the noise
+for a fixed sketch. :func:`efficiency` estimates their distribution over sketch draws.
+
+The closed form (derived here, see ``docs/efficiency.md``): with ``X = U Sigma V^T`` (``U`` n x p
+orthonormal) and ``M = (U^T S^T S U)^{-1} U^T S^T S``, ``X beta_S = U M y`` and ``M U = I``, hence
+``X (beta_S - beta_0) = U M eps`` and ``y - X beta_S = (I - U M) eps``, so
+
+    C_PE(S) = ||M||_F^2 / p,        C_RE(S) = 1 + p (C_PE(S) - 1) / (n - p).
+
+Per draw we never form an n x n matrix: with the thin SVD ``S U = Q diag(s) W^T``,
+``||M||_F^2 = sum_k ||(S^T Q)[:, k]||^2 / s_k^2``, which costs one ``S @ U`` and one ``S.T @ Q``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+from scipy.special import ndtr, ndtri
+from tqdm.auto import tqdm
+
+from rsketch._validation import check_int, check_option
+from rsketch.operators import SKETCH_KINDS, make_sketch
+
+METHODS = ("closed_form", "simulate")
+MEASURES = ("pe", "re", "wc")
+
+# Bootstrap resamples for the interval on each mean (BCa): enough for a stable 2.5 % quantile.
+_N_BOOT = 4000
+# Dense Gaussian sketches are generated once per draw and kept (S @ U and S.T @ Q then reuse them)
+# when they fit in this many bytes; otherwise they are generated twice (once per product).
+_GAUSSIAN_CACHE_BYTES = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class EfficiencyResult:
+    """Per-draw efficiencies of one sketch family at one sketch size, with their summaries.
+
+    Attributes
+    ----------
+    sketch : str
+        The sketch kind.
+    n, p, sketch_size : int
+        Rows and columns of ``X`` and the sketch size ``r``.
+    method : {"closed_form", "simulate"}
+        How the expectation over the noise was taken.
+    pe_draws, re_draws : ndarray of shape (n_sketches,)
+        ``C_PE(S_i)`` and ``C_RE(S_i)`` for each draw; NaN where the draw was rank-deficient.
+    wc_draws : ndarray of shape (n_sketches,) or None
+        ``C_WC(S_i)`` for the given ``y`` (None when no ``y`` was given).
+    rank_deficient : ndarray of bool, shape (n_sketches,)
+        Draws where ``S X`` has rank below ``p`` (``r < p``, or sampling that missed directions): the sketched
+        estimator is not unique there, and those draws are excluded from every summary.
+    pe, re, wc : float
+        Means over the full-rank draws (``wc`` is None without ``y``; NaN if every draw was rank-deficient).
+    pe_median, re_median, wc_median : float
+        Medians over the full-rank draws.
+    pe_ci, re_ci, wc_ci : tuple of float
+        95 % bias-corrected and accelerated (BCa) bootstrap intervals for each mean, valid for the
+        right-skewed distributions these ratios have.
+    seed : object
+        The seed the draws were spawned from.
+    """
+
+    sketch: str
+    n: int
+    p: int
+    sketch_size: int
+    method: str
+    pe_draws: np.ndarray
+    re_draws: np.ndarray
+    wc_draws: np.ndarray | None
+    rank_deficient: np.ndarray
+    pe: float
+    re: float
+    wc: float | None
+    pe_median: float
+    re_median: float
+    wc_median: float | None
+    pe_ci: tuple[float, float]
+    re_ci: tuple[float, float]
+    wc_ci: tuple[float, float] | None
+    seed: object = None
+    options: dict = field(default_factory=dict)
+
+    @property
+    def n_sketches(self) -> int:
+        """Number of sketch draws (full-rank or not)."""
+        return int(self.pe_draws.shape[0])
+
+    @property
+    def n_rank_deficient(self) -> int:
+        """Number of rank-deficient draws (reported, never averaged in)."""
+        return int(self.rank_deficient.sum())
+
+    def draws(self, measure: str) -> np.ndarray:
+        """The full-rank draws of ``measure`` (``"pe"``, ``"re"`` or ``"wc"``)."""
+        check_option(measure, "measure", set(MEASURES))
+        values = getattr(self, f"{measure}_draws")
+        if values is None:
+            raise ValueError("measure='wc' needs y: this result was computed without y")
+        return values[~self.rank_deficient]
+
+    def quantile(self, measure: str, q: float) -> float:
+        """Empirical ``q``-quantile of ``measure`` over the full-rank draws (NaN if there are none).
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> X = np.random.default_rng(0).standard_normal((200, 3))
+        >>> res = rsketch.efficiency(X, sketch="gaussian", sketch_size=40, n_sketches=20, seed=0)
+        >>> res.quantile("pe", 0.9) >= res.pe_median
+        True
+        """
+        q = float(q)
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must lie in [0, 1], got {q}")
+        values = self.draws(measure)
+        return float(np.quantile(values, q)) if values.size else math.nan
+
+    def __str__(self) -> str:
+        lines = [
+            f"EfficiencyResult({self.sketch}, n={self.n}, p={self.p}, r={self.sketch_size}, "
+            f"method={self.method}, "
+            f"{self.n_sketches} draws, {self.n_rank_deficient} rank-deficient)"
+        ]
+        for m in MEASURES:
+            mean = getattr(self, m)
+            if mean is None:
+                continue
+            lo, hi = getattr(self, f"{m}_ci")
+            med = getattr(self, f"{m}_median")
+            lines.append(f"  {m.upper()}: mean {mean:.4g} (95% CI {lo:.4g} .. {hi:.4g}), median {med:.4g}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- inputs
+def _root_seed(seed) -> np.random.SeedSequence:
+    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
+        return np.random.SeedSequence(seed)
+    if isinstance(seed, np.random.SeedSequence):
+        # A copy: spawning from the caller's object would change what it spawns next.
+        return np.random.SeedSequence(seed.entropy, spawn_key=seed.spawn_key, pool_size=seed.pool_size)
+    if isinstance(seed, np.random.Generator):
+        return np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    raise TypeError(
+        f"seed must be None, a non-negative int, a numpy.random.SeedSequence or a numpy.random.Generator; "
+        f"got {type(seed).__name__}"
+    )
+
+
+def _check_design(X) -> np.ndarray:
+    if sp.issparse(X):
+        X = X.toarray()
+    try:
+        X = np.asarray(X)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"X must be a 2-D array of real numbers: {exc}") from exc
+    if X.dtype.kind not in "iuf":
+        raise TypeError(f"X must hold real numbers, got dtype {X.dtype}")
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n x p), got shape {X.shape}")
+    n, p = X.shape
+    if p < 1 or n <= p:
+        raise ValueError(f"X must have more rows than columns and at least one column, got shape {X.shape}")
+    X = X.astype(np.float64)
+    if not np.isfinite(X).all():
+        raise ValueError("X contains NaN or infinite values")
+    return X
+
+
+def _check_vector(v, length: int, name: str) -> np.ndarray:
+    try:
+        v = np.asarray(v)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-D array of real numbers: {exc}") from exc
+    if v.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {v.dtype}")
+    if v.shape != (length,):
+        raise ValueError(f"{name} must have shape ({length},), got {v.shape}")
+    v = v.astype(np.float64)
+    if not np.isfinite(v).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return v
+
+
+def _check_positive(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be positive and finite, got {value}")
+    return value
+
+
+def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD ``X = U diag(s) Vt`` of a full-column-rank ``X``; raises ``ValueError`` if rank-deficient."""
+    U, s, Vt = scipy.linalg.svd(X, full_matrices=False, check_finite=False)
+    tol = s[0] * max(X.shape) * np.finfo(np.float64).eps if s.size and s[0] > 0 else 0.0
+    if s.size == 0 or s[-1] <= tol:
+        rank = int(np.sum(s > tol))
+        raise ValueError(
+            f"X must have full column rank (the efficiencies compare with a unique OLS fit); "
+            f"got rank {rank} < p = {X.shape[1]}"
+        )
+    return U, s, Vt
+
+
+# --------------------------------------------------------------------------------------------- intervals
+def bca_interval(values, *, level: float = 0.95, n_boot: int = _N_BOOT, rng=None) -> tuple[float, float]:
+    """Bias-corrected and accelerated bootstrap interval for the mean of ``values``.
+
+    BCa (Efron 1987) corrects the percentile interval for the bias and skewness of the bootstrap
+    distribution, which matters here: efficiencies are ratios bounded below by 1 with long right tails.
+    Returns ``(nan, nan)`` for fewer than two values and ``(v, v)`` when all values equal ``v``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from rsketch.stats.efficiency import bca_interval
+    >>> x = np.random.default_rng(0).exponential(size=200)
+    >>> lo, hi = bca_interval(x, rng=0)
+    >>> bool(lo < x.mean() < hi)
+    True
+    """
+    x = np.asarray(values, dtype=np.float64)
+    k = x.size
+    if k < 2:
+        return (math.nan, math.nan)
+    theta = float(x.mean())
+    if np.all(x == x[0]):
+        return (theta, theta)
+    rng = np.random.default_rng(rng)
+    boot = x[rng.integers(0, k, size=(n_boot, k))].mean(axis=1)
+    frac = (np.count_nonzero(boot < theta) + 0.5 * np.count_nonzero(boot == theta)) / n_boot
+    frac = min(max(frac, 1.0 / n_boot), 1.0 - 1.0 / n_boot)
+    z0 = float(ndtri(frac))
+    jack = (x.sum() - x) / (k - 1)
+    d = jack.mean() - jack
+    denom = 6.0 * float(np.sum(d**2)) ** 1.5
+    a = float(np.sum(d**3)) / denom if denom > 0 else 0.0
+    alpha = (1.0 - level) / 2.0
+    qs = []
+    for z in (ndtri(alpha), ndtri(1.0 - alpha)):
+        qs.append(float(ndtr(z0 + (z0 + z) / (1.0 - a * (z0 + z)))))
+    lo, hi = np.quantile(boot, qs)
+    return (float(lo), float(hi))
+
+
+def _summaries(values: np.ndarray, mask: np.ndarray, rng) -> tuple[float, float, tuple[float, float]]:
+    good = values[~mask]
+    if good.size == 0:
+        return math.nan, math.nan, (math.nan, math.nan)
+    return float(good.mean()), float(np.median(good)), bca_interval(good, rng=rng)
+
+
+# --------------------------------------------------------------------------------------------- per draw
+def _is_rank_deficient(s: np.ndarray, shape: tuple[int, int], p: int) -> bool:
+    if s.size < p or s[0] <= 0:
+        return True
+    return bool(s[p - 1] <= s[0] * max(shape) * np.finfo(np.float64).eps)
+
+
+class _DenseColumns:
+    """A Gaussian sketch materialised once (column block by column block), so both products reuse it."""
+
+    def __init__(self, S):
+        n, r = S.n_rows, S.sketch_size
+        self.dense = np.empty((r, n))
+        step = max(1, (1 << 22) // r)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            self.dense[:, a:b] = S.columns(a, b)
+
+    def __matmul__(self, A):
+        return self.dense @ A
+
+    def adjoint(self, Z):
+        return self.dense.T @ Z
+
+
+class _Operator:
+    def __init__(self, S):
+        self.S = S
+
+    def __matmul__(self, A):
+        return self.S @ A
+
+    def adjoint(self, Z):
+        return self.S.T @ Z
+
+
+def _apply_wrapper(S):
+    if S.kind == "gaussian" and 8 * S.n_rows * S.sketch_size <= _GAUSSIAN_CACHE_BYTES:
+        return _DenseColumns(S)
+    return _Operator(S)
+
+
+def _closed_form_draw(S, U, y_parts):
+    """(pe, wc or nan, rank_deficient) for one sketch, by the closed form."""
+    n, p = U.shape
+    op = _apply_wrapper(S)
+    B = U if y_parts is None else np.column_stack([U, y_parts[0]])
+    SB = op @ B
+    SU = SB[:, :p]
+    Q, s, Wt = scipy.linalg.svd(SU, full_matrices=False, check_finite=False)
+    if _is_rank_deficient(s, SU.shape, p):
+        return math.nan, math.nan, True
+    T = op.adjoint(Q)  # n x p: S^T Q
+    pe = float(np.sum((T / s) ** 2)) / p
+    wc = math.nan
+    if y_parts is not None:
+        _, Uty, rss = y_parts
+        coef = Wt.T @ ((Q.T @ SB[:, p]) / s)  # the sketched fit in U coordinates
+        wc = 1.0 + float(np.sum((Uty - coef) ** 2)) / rss
+    return pe, wc, False
+
+
+def _simulate_draw(S, X, y, beta, sigma, n_noise, noise_seed):
+    """(pe, re, wc or nan, rank_deficient) for one sketch, by solving least squares on noise draws."""
+    n, p = X.shape
+    rng = np.random.default_rng(noise_seed)
+    mean = X @ beta
+    Y = mean[:, None] + sigma * rng.standard_normal((n, n_noise))
+    cols = [X, Y] if y is None else [X, Y, y[:, None]]
+    SB = S @ np.column_stack(cols)
+    SX, SY = SB[:, :p], SB[:, p:]
+    s = scipy.linalg.svdvals(SX, check_finite=False)
+    if _is_rank_deficient(s, SX.shape, p):
+        return math.nan, math.nan, math.nan, True
+    beta_s = scipy.linalg.lstsq(SX, SY, check_finite=False)[0]  # p x (n_noise [+1])
+    beta_o = scipy.linalg.lstsq(X, Y if y is None else np.column_stack([Y, y]), check_finite=False)[0]
+    fit_s, fit_o = X @ beta_s, X @ beta_o
+    err_s = np.sum((fit_s[:, :n_noise] - mean[:, None]) ** 2)
+    pe = float(err_s / np.sum((fit_o[:, :n_noise] - mean[:, None]) ** 2))
+    re = float(np.sum((Y - fit_s[:, :n_noise]) ** 2) / np.sum((Y - fit_o[:, :n_noise]) ** 2))
+    wc = math.nan
+    if y is not None:
+        wc = float(np.sum((y - fit_s[:, n_noise]) ** 2) / np.sum((y - fit_o[:, n_noise]) ** 2))
+    return pe, re, wc, False
+
+
+# --------------------------------------------------------------------------------------------- public
+def efficiency(
+    X,
+    *,
+    sketch,
+    sketch_size,
+    y=None,
+    n_sketches=100,
+    seed=None,
+    method="closed_form",
+    sigma=1.0,
+    beta=None,
+    n_noise=200,
+    progress=False,
+    **sketch_options,
+) -> EfficiencyResult:
+    """Worst-case error, prediction efficiency and residual efficiency of sketch-and-solve least squares.
+
+    For each of ``n_sketches`` independent sketches ``S_i`` of the family ``sketch``, computes
+    ``C_PE(S_i)`` and ``C_RE(S_i)`` (and ``C_WC(S_i)`` when ``y`` is given) as defined by Raskutti & Mahoney
+    (JMLR 2016), then summarises them over the draws.
+
+    Parameters
+    ----------
+    X : array of shape (n, p)
+        The design, of full column rank with ``n > p`` (sparse input is densified: the SVD needs it).
+    sketch : {"gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"}
+        The sketch family; a fresh sketch is drawn for every draw. Draw ``i`` is the operator seeded with
+        ``numpy.random.SeedSequence(seed).spawn(n_sketches)[i]``.
+    sketch_size : int
+        ``r``, the number of rows of each sketch (``>= 1``; ``r < p`` is allowed and every draw is then
+        reported rank-deficient).
+    y : array of shape (n,), optional
+        A response for the worst-case error ``C_WC = ||y - X beta_S||^2 / ||y - X beta_OLS||^2``; it must
+        not lie in the column space of ``X``.
+    n_sketches : int, default 100
+        Number of sketch draws.
+    seed : None, int or numpy.random.SeedSequence
+        Root of the draws' seeds (and of the noise and the bootstrap); the same seed gives the same result.
+    method : {"closed_form", "simulate"}, default "closed_form"
+        ``"closed_form"`` takes the expectation over the noise exactly (``C_PE = ||M||_F^2 / p``,
+        ``C_RE = 1 + p (C_PE - 1) / (n - p)``); ``"simulate"`` draws ``n_noise`` responses
+        ``X beta + sigma * eps`` per sketch, solves least squares on ``(S X, S y)`` and on ``(X, y)``, and
+        takes ratios of the empirical mean squared errors. It exists to validate the closed form.
+    sigma : float, default 1.0
+        Noise standard deviation for ``"simulate"`` (the efficiencies do not depend on it).
+    beta : array of shape (p,), optional
+        True coefficients for ``"simulate"`` (default zeros; the efficiencies do not depend on it).
+    n_noise : int, default 200
+        Noise draws per sketch for ``"simulate"``.
+    progress : bool, default False
+        Show a tqdm progress bar over the draws.
+    **sketch_options
+        Passed to :func:`rsketch.make_sketch` (``transform``, ``nnz_per_column``, ``replace``,
+        ``uniform_mix``, ``scores``, ...). For ``"leverage"`` without ``scores`` the exact leverage scores of
+        ``X`` are computed once and reused by every draw.
+
+    Returns
+    -------
+    EfficiencyResult
+        Per-draw values, means, medians, 95 % BCa intervals and the rank-deficient draws.
+
+    Notes
+    -----
+    Cost per draw: one ``S @ [U, y]`` and one ``S.T @ Q`` (``n x p``), plus an SVD of the ``r x p`` matrix
+    ``S U``; no ``n x n`` matrix is formed. Gaussian sketches are materialised once per draw (``8 r n`` bytes,
+    up to 512 MiB) so that the two products share one generation of ``S``.
+
+    See Also
+    --------
+    rsketch.bounds : the theoretical upper and lower bounds to compare these with.
+
+    References
+    ----------
+    G. Raskutti and M. W. Mahoney, "A statistical perspective on randomized sketching for ordinary
+    least-squares", JMLR 17 (2016); arXiv:1406.5986.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> X = np.random.default_rng(0).standard_normal((2000, 10))
+    >>> res = rsketch.efficiency(X, sketch="srht", sketch_size=200, n_sketches=20, seed=0)
+    >>> 5 < res.pe < 20 and 1 < res.re < 1.2  # PE ~ n/r, RE ~ 1 + p/r
+    True
+    >>> res.n_rank_deficient
+    0
+    """
+    X = _check_design(X)
+    n, p = X.shape
+    if not isinstance(sketch, str) or sketch not in SKETCH_KINDS:
+        raise ValueError(f"sketch must be one of {sorted(SKETCH_KINDS)}, got {sketch!r}")
+    r = check_int(sketch_size, "sketch_size", minimum=1)
+    n_sketches = check_int(n_sketches, "n_sketches", minimum=1)
+    check_option(method, "method", set(METHODS))
+    sigma = _check_positive(sigma, "sigma")
+    n_noise = check_int(n_noise, "n_noise", minimum=2)
+    beta = np.zeros(p) if beta is None else _check_vector(beta, p, "beta")
+    if y is not None:
+        y = _check_vector(y, n, "y")
+    if sketch == "srht" and r > n:
+        raise ValueError(f"sketch_size must be <= n = {n} for sketch='srht' (it selects rows), got {r}")
+    if sketch == "uniform" and not sketch_options.get("replace", True) and r > n:
+        raise ValueError(f"sketch_size must be <= n = {n} for uniform sampling without replacement, got {r}")
+    root = _root_seed(seed)
+
+    U, _, _ = orthonormal_basis(X)
+    options = dict(sketch_options)
+    if sketch == "leverage" and "scores" not in options:
+        options["scores"] = np.einsum("ij,ij->i", U, U)
+    y_parts = None
+    if y is not None:
+        Uty = U.T @ y
+        rss = float(np.sum((y - U @ Uty) ** 2))
+        if rss <= (np.finfo(np.float64).eps * n) ** 2 * float(y @ y) or rss == 0.0:
+            raise ValueError("y lies in the column space of X: its OLS residual is zero, C_WC is undefined")
+        y_parts = (y, Uty, rss)
+
+    seeds = root.spawn(n_sketches)
+    noise_seeds = root.spawn(n_sketches)  # the next children: independent of the sketch seeds
+    boot_seed = root.spawn(1)[0]
+    pe = np.full(n_sketches, math.nan)
+    re = np.full(n_sketches, math.nan)
+    wc = np.full(n_sketches, math.nan) if y is not None else None
+    deficient = np.zeros(n_sketches, dtype=bool)
+    bar = tqdm(total=n_sketches, disable=not progress, desc=f"efficiency[{sketch}, r={r}]", leave=False)
+    try:
+        for i in range(n_sketches):
+            S = make_sketch(sketch, n, r, seed=seeds[i], **options)
+            if method == "closed_form":
+                pe_i, wc_i, bad = _closed_form_draw(S, U, y_parts)
+                re_i = math.nan if bad else 1.0 + p * (pe_i - 1.0) / (n - p)
+            else:
+                pe_i, re_i, wc_i, bad = _simulate_draw(S, X, y, beta, sigma, n_noise, noise_seeds[i])
+            deficient[i] = bad
+            pe[i], re[i] = pe_i, re_i
+            if wc is not None:
+                wc[i] = wc_i
+            bar.update(1)
+    finally:
+        bar.close()
+
+    rngs = boot_seed.spawn(3)
+    pe_mean, pe_med, pe_ci = _summaries(pe, deficient, rngs[0])
+    re_mean, re_med, re_ci = _summaries(re, deficient, rngs[1])
+    wc_mean = wc_med = wc_ci = None
+    if wc is not None:
+        wc_mean, wc_med, wc_ci = _summaries(wc, deficient, rngs[2])
+    shown = {k: v for k, v in sketch_options.items() if k != "scores"}
+    return EfficiencyResult(
+        sketch=sketch,
+        n=n,
+        p=p,
+        sketch_size=r,
+        method=method,
+        pe_draws=pe,
+        re_draws=re,
+        wc_draws=wc,
+        rank_deficient=deficient,
+        pe=pe_mean,
+        re=re_mean,
+        wc=wc_mean,
+        pe_median=pe_med,
+        re_median=re_med,
+        wc_median=wc_med,
+        pe_ci=pe_ci,
+        re_ci=re_ci,
+        wc_ci=wc_ci,
+        seed=seed,
+        options=shown,
+    )

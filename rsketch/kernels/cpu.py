@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from rsketch._random import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
+from rsketch._random import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, STREAM_TAIL, STREAM_WEDGE, ZIG_R
 
 _M0 = np.uint64(PHILOX_M0)
 _M1 = np.uint64(PHILOX_M1)
@@ -21,8 +21,10 @@ _W0 = np.uint64(PHILOX_W0)
 _W1 = np.uint64(PHILOX_W1)
 _MASK = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
-_TWO_PI = 2.0 * math.pi
 _INV_2_32 = 1.0 / 4294967296.0
+_STREAM_WEDGE = STREAM_WEDGE
+_STREAM_TAIL = STREAM_TAIL
+_ZIG_R = ZIG_R
 
 
 @njit(inline="always")
@@ -74,32 +76,58 @@ def philox_words(k0, k1, start, count, n_blocks, stream):
     return out
 
 
-@njit(parallel=True, cache=True)
-def gaussian_columns(k0, k1, start, stop, r, stream, out):
-    """Standard normals of columns ``start:stop`` (each of ``r`` rows) into ``out[j - start, i]``.
+@njit(inline="always")
+def _zig_attempt(wa, wb, key0, key1, j, attempt, X):
+    # One ziggurat attempt (see rsketch._random): returns (accepted, value).
+    layer = np.int64(wa & np.uint64(0x7F))
+    u53 = np.float64(wa >> np.uint64(7)) * 268435456.0 + np.float64(wb >> np.uint64(4))
+    u = (u53 + 0.5) * (2.0**-52) - 1.0
+    xi = X[layer]
+    xi1 = X[layer + 1]
+    z = u * xi
+    if abs(u) * xi < xi1:
+        return True, z
+    if layer > 0:
+        f0 = math.exp(-0.5 * (xi * xi - z * z))
+        f1 = math.exp(-0.5 * (xi1 * xi1 - z * z))
+        u2 = _uniform(_words(key0, key1, j, attempt, _STREAM_WEDGE)[0])
+        return f1 + u2 * (f0 - f1) < 1.0, z
+    t = 0
+    while True:
+        w0, w1, _, _ = _words(key0, key1, j, attempt, _STREAM_TAIL + t)
+        tx = math.log(_uniform(w0)) / _ZIG_R
+        ty = math.log(_uniform(w1))
+        if -2.0 * ty >= tx * tx:
+            return True, (tx - _ZIG_R) if u < 0 else (_ZIG_R - tx)
+        t += 1
 
-    Column j, rows 4q..4q+3 come from counter (j, q, stream) by Box-Muller (cosine, sine of
-    the first two words, then of the last two).
+
+@njit(parallel=True, cache=True)
+def gaussian_columns(k0, k1, start, stop, r, stream, out, X):
+    """Standard normals of columns ``start:stop`` (``r`` each) into ``out[j - start, i]``.
+
+    The counter-driven ziggurat of :func:`rsketch._random.ziggurat_columns`, one column at a
+    time (parallel over columns): column j takes its first r accepted attempts, two attempts per
+    Philox call. ``X`` is ``rsketch._random.ZIG_X``.
     """
     key0 = np.uint64(k0)
     key1 = np.uint64(k1)
-    n_blocks = (r + 3) // 4
     for jj in prange(stop - start):
         j = start + jj
-        for q in range(n_blocks):
+        count = 0
+        q = 0
+        while count < r:
             w0, w1, w2, w3 = _words(key0, key1, j, q, stream)
-            rad = math.sqrt(-2.0 * math.log(_uniform(w0)))
-            ang = _TWO_PI * _uniform(w1)
-            i = 4 * q
-            out[jj, i] = rad * math.cos(ang)
-            if i + 1 < r:
-                out[jj, i + 1] = rad * math.sin(ang)
-            if i + 2 < r:
-                rad = math.sqrt(-2.0 * math.log(_uniform(w2)))
-                ang = _TWO_PI * _uniform(w3)
-                out[jj, i + 2] = rad * math.cos(ang)
-                if i + 3 < r:
-                    out[jj, i + 3] = rad * math.sin(ang)
+            ok, z = _zig_attempt(w0, w1, key0, key1, j, 2 * q, X)
+            if ok:
+                out[jj, count] = z
+                count += 1
+            if count < r:
+                ok, z = _zig_attempt(w2, w3, key0, key1, j, 2 * q + 1, X)
+                if ok:
+                    out[jj, count] = z
+                    count += 1
+            q += 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from rsketch._random import STREAM_GAUSS, normals_from_words, random_words
+from rsketch._random import STREAM_GAUSS, ZIG_X, ziggurat_columns
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
 
@@ -14,10 +14,11 @@ from rsketch.operators.base import SketchOperator
 class GaussianSketch(SketchOperator):
     """Dense Gaussian sketch: ``S[i, j] ~ N(0, 1/r)`` independently.
 
-    Entry ``(i, j)`` is a pure function of the key and ``(j, i // 4)``: column ``j``'s entries
-    ``4q .. 4q+3`` are the Box-Muller transform of the four Philox words of counter
-    ``(j, q, STREAM_GAUSS)``. ``S @ A`` generates ``S`` in column blocks (bounded memory,
-    about 8 MB) and multiplies each with BLAS, so it never holds ``S`` whole.
+    Column ``j`` is a pure function of the key and ``j``: its entries are the first ``r``
+    accepted attempts of a 128-layer ziggurat (Marsaglia & Tsang 2000) fed by the Philox
+    counters ``(j, q, STREAM_GAUSS)``, ``q = 0, 1, ...`` (see :mod:`rsketch._random`). ``S @ A``
+    generates ``S`` in column blocks (bounded memory, about 8 MB) with a compiled kernel,
+    parallel over columns, and multiplies each block with BLAS, so it never holds ``S`` whole.
 
     Cost: ``O(r n k)`` flops and ``r n`` normals per product; memory ``O(r k)`` plus one block.
     The best-understood sketch (exact finite-sample theory) and the slowest to apply.
@@ -43,20 +44,15 @@ class GaussianSketch(SketchOperator):
 
     def _unscaled_columns_numpy(self, start, stop, dtype=np.float64):
         G = np.empty((stop - start, self.sketch_size), dtype=dtype)
-        cpu.gaussian_columns(self.key[0], self.key[1], start, stop, self.sketch_size, STREAM_GAUSS, G)
+        cpu.gaussian_columns(self.key[0], self.key[1], start, stop, self.sketch_size, STREAM_GAUSS, G, ZIG_X)
         return G  # G[j - start, i] = unscaled S[i, j]
 
     def _fast_columns(self, start, stop):
         return self._unscaled_columns_numpy(start, stop).T * (1.0 / math.sqrt(self.sketch_size))
 
     def _reference_columns(self, start, stop, xp):
-        r = self.sketch_size
-        n_blocks = (r + 3) // 4
-        j = xp.arange(start, stop, dtype=xp.int64)[:, None]
-        q = xp.arange(n_blocks, dtype=xp.int64)[None, :]
-        z = normals_from_words(xp, *random_words(xp, self.key, j, q, STREAM_GAUSS))
-        G = xp.reshape(xp.stack(z, axis=-1), (stop - start, 4 * n_blocks))[:, :r]
-        return xp.astype(G.T * (1.0 / math.sqrt(r)), xp.float64)
+        G = ziggurat_columns(xp, self.key, start, stop, self.sketch_size)
+        return G.T * (1.0 / math.sqrt(self.sketch_size))
 
     def _apply_numpy(self, A):
         out = np.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)

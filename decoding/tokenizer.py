@@ -69,7 +69,10 @@ class Tokenizer:
             if len(parts) != 2:
                 raise ValueError(f"malformed BPE merge {m!r}")
             pairs.append((parts[0], parts[1]))
-        bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
+        try:
+            bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
+        except Exception as e:  # the tokenizers package raises its own exception types
+            raise ValueError(f"GGUF vocabulary and merges do not form a BPE model: {e}") from e
         hf = _HFTokenizer(bpe)
         pre = md.get("tokenizer.ggml.pre", "default")
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

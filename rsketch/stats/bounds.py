@@ -1,0 +1,605 @@
+"""Upper and lower bounds on C_WC, C_PE and C_RE for each sketch family.
+
+Two kinds of bound live here, and every :class:`Bound` says which it is:
+
+- the forms published by Raskutti & Mahoney (JMLR 2016) for Gaussian projection and the randomized Hadamard
+  transform, as drawn by the replication code of Dobriban & Liu (NeurIPS 2019) (the only readable source we
+  had; the theorem numbers and the exact probability level could not be confirmed, see
+  ``docs/efficiency.md``); and their shape-only forms for leverage and uniform sampling (constants unknown);
+- bounds derived here with explicit constants, valid with probability at least ``1 - delta`` for any
+  ``delta``, from exact moments (Gaussian: inverse-Wishart moments; sparse embeddings: second moments of
+  ``S^T S - I``) plus Markov's inequality, and for row sampling from the matrix Chernoff bound (Tropp 2012)
+  plus Markov's inequality. They follow the paper's structural argument: with ``G = U^T S^T S U``,
+
+      C_PE - 1 = ||G^{-1} U^T S^T S U_perp||_F^2 / p,   C_WC - 1 = ||G^{-1} U^T S^T S r||^2 / ||r||^2,
+
+  where ``r`` is the OLS residual, and ``C_RE - 1 = p (C_PE - 1) / (n - p)`` exactly.
+
+The lower bound on PE is the sketch-and-solve case of Pilanci & Wainwright (JMLR 2016, "Iterative
+Hessian sketch", Thm 1), with an explicit constant derived here: ``M U = I`` and the rows of ``M`` lying in
+the row space of ``S`` give ``||M||_F^2 >= tr((U^T P_S U)^{-1}) >= p^2 / tr(U^T P_S U)`` (``P_S`` the
+projection onto that row space), and Jensen's inequality gives ``E[C_PE] >= p / E[tr(U^T P_S U)]``,
+which is ``n / r`` whenever ``E[P_S] = (r / n) I``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from rsketch._validation import check_int
+from rsketch.operators import SKETCH_KINDS
+from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX
+
+PAPER = "Raskutti & Mahoney (JMLR 2016), form as drawn in the Dobriban & Liu (2019) replication code"
+PAPER_SHAPE = (
+    "Raskutti & Mahoney (JMLR 2016), shape as summarised in shared/reference/papers.md (unconfirmed)"
+)
+DERIVED = "derived here (docs/efficiency.md)"
+PW = "Pilanci & Wainwright (JMLR 2016), Thm 1 (any estimator from (SX, SY); minimax over beta)"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One bound on one efficiency measure.
+
+    Attributes
+    ----------
+    measure : {"wc", "pe", "re"}
+    side : {"upper", "lower", "expectation"}
+        ``"upper"``/``"lower"`` bound the measure itself (with probability ``probability`` over the sketch) or
+        its expectation (``probability`` None, see ``on``); ``"expectation"`` is an exact expected value.
+    value : float
+        The bound's value at ``(n, p, r)``; NaN when its condition fails or it needs what was not given.
+    formula : str
+    source : str
+    probability : float or None
+        ``1 - delta`` for high-probability bounds, None for statements about the expectation or where the
+        paper's probability level could not be confirmed (see ``note``).
+    constants_explicit : bool
+        False where only the shape is known (the value is then computed with the unknown constant set to 1).
+    on : {"draw", "mean"}
+        Whether the bound holds for a single draw (with the stated probability) or for the mean over draws.
+    condition : str
+        When the bound applies.
+    note : str
+    """
+
+    measure: str
+    side: str
+    value: float
+    formula: str
+    source: str
+    probability: float | None
+    constants_explicit: bool
+    on: str = "draw"
+    condition: str = ""
+    note: str = ""
+
+    @property
+    def valid(self) -> bool:
+        """Whether the bound applies at these sizes (its value is finite)."""
+        return math.isfinite(self.value)
+
+
+@dataclass(frozen=True)
+class SketchBounds:
+    """The bounds for one sketch family at one ``(n, p, r)``.
+
+    ``pe_upper``, ``re_upper``, ``wc_upper`` and ``pe_lower`` are the primary bounds (the paper's form where
+    one is known, else the derived one; None where there is none); ``all`` lists every bound.
+    """
+
+    kind: str
+    n: int
+    p: int
+    r: int
+    delta: float
+    pe_upper: Bound | None
+    re_upper: Bound | None
+    wc_upper: Bound | None
+    pe_lower: Bound | None
+    all: tuple[Bound, ...]
+
+    def select(self, measure: str, side: str = "upper") -> list[Bound]:
+        """Every bound on ``measure`` of the given ``side``."""
+        return [b for b in self.all if b.measure == measure and b.side == side]
+
+    def __str__(self) -> str:
+        head = f"bounds for {self.kind} at n={self.n}, p={self.p}, r={self.r}, delta={self.delta}:"
+        rows = []
+        for b in self.all:
+            prob = "-" if b.probability is None else f"{b.probability:.2f}"
+            rows.append(
+                f"  {b.measure.upper():2s} {b.side:11s} {b.value:12.4g}  {b.formula:38s} P={prob:4s} "
+                f"{'explicit' if b.constants_explicit else 'shape'} ({b.on})"
+            )
+        return "\n".join([head, *rows])
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _check_leverage(leverage, n: int, p: int) -> np.ndarray | None:
+    if leverage is None:
+        return None
+    try:
+        ell = np.asarray(leverage, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"leverage must be a 1-D array of leverage scores: {exc}") from exc
+    if ell.shape != (n,):
+        raise ValueError(f"leverage must have shape ({n},), got {ell.shape}")
+    if not np.isfinite(ell).all() or (ell < -1e-12).any() or (ell > 1 + 1e-9).any():
+        raise ValueError("leverage scores must lie in [0, 1]")
+    if abs(ell.sum() - p) > 1e-6 * max(1.0, p):
+        raise ValueError(f"leverage scores must sum to p = {p} (rank of X), got {ell.sum():.6g}")
+    return np.clip(ell, 0.0, 1.0)
+
+
+def _log_chernoff_rate(eps: float) -> float:
+    """``log(e^{-eps} / (1 - eps)^{1 - eps})`` (negative for eps in (0, 1])."""
+    if eps >= 1.0:
+        return -1.0
+    return -eps - (1.0 - eps) * math.log1p(-eps)
+
+
+def chernoff_eps(p: int, L: float, fail: float) -> float:
+    """Smallest ``eps`` with ``P(lambda_min(G) <= 1 - eps) <= fail`` by the matrix Chernoff bound.
+
+    ``G`` is a sum of independent PSD ``p x p`` matrices with ``E G = I`` and each of norm at most ``L``
+    (Tropp 2012, Thm 1.1: ``P(lambda_min <= (1 - eps)) <= p [e^{-eps} / (1 - eps)^{1 - eps}]^{1/L}``). Returns
+    NaN when even ``eps -> 1`` does not reach ``fail`` (the sample is too small for the bound).
+
+    Examples
+    --------
+    >>> from rsketch.stats.bounds import chernoff_eps
+    >>> 0 < chernoff_eps(10, 0.01, 0.05) < 0.5
+    True
+    """
+    target = math.log(fail / p)
+    if _log_chernoff_rate(1.0 - 1e-12) / L > target:
+        return math.nan
+    lo, hi = 0.0, 1.0 - 1e-12
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if _log_chernoff_rate(mid) / L <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _sampling_probabilities(kind, n, p, ell, options):
+    if kind == "uniform":
+        return np.full(n, 1.0 / n)
+    mix = float(options.get("uniform_mix", DEFAULT_UNIFORM_MIX))
+    scores = options.get("scores")
+    base = ell if scores is None else np.asarray(scores, dtype=np.float64)
+    return (1.0 - mix) * base / base.sum() + mix / n
+
+
+def _sparse_v(kind, r, options) -> float:
+    """``E[(S^T S)_{ij}^2]`` for ``i != j``: ``(1/s^2) sum_t 1/|B_t|`` over the ``s`` row blocks."""
+    s = 1 if kind == "countsketch" else options.get("nnz_per_column") or min(8, r)
+    sizes = [((t + 1) * r) // s - (t * r) // s for t in range(s)]
+    return sum(1.0 / b for b in sizes) / s**2
+
+
+# --------------------------------------------------------------------------------------------- families
+def _gaussian(n, p, r, delta):
+    out = []
+    prob_note = "holds with the paper's constant probability (level not confirmed)"
+    out.append(
+        Bound(
+            "pe",
+            "upper",
+            44 * (1 + n / r),
+            "44 (1 + n/r)",
+            PAPER,
+            None,
+            True,
+            "draw",
+            "r of order p log p (paper's condition not confirmed)",
+            prob_note,
+        )
+    )
+    out.append(
+        Bound(
+            "re",
+            "upper",
+            1 + 44 * p / r,
+            "1 + 44 p/r",
+            PAPER,
+            None,
+            True,
+            "draw",
+            "r of order p log p (paper's condition not confirmed)",
+            prob_note,
+        )
+    )
+    ok = r >= p + 2
+    denom = r - p - 1
+    e_pe = 1 + (n - p) / denom if ok else math.nan
+    e_re = 1 + p / denom if ok else math.nan
+    cond = "r >= p + 2 (inverse-Wishart mean finite)"
+    out.append(Bound("pe", "expectation", e_pe, "1 + (n-p)/(r-p-1)", DERIVED, None, True, "mean", cond))
+    out.append(Bound("re", "expectation", e_re, "1 + p/(r-p-1)", DERIVED, None, True, "mean", cond))
+    out.append(
+        Bound("wc", "expectation", e_re, "1 + p/(r-p-1)", DERIVED, None, True, "mean", cond, "any fixed y")
+    )
+    mk = "Markov's inequality on the exact mean"
+    out.append(
+        Bound(
+            "pe",
+            "upper",
+            1 + (e_pe - 1) / delta,
+            "1 + (n-p)/((r-p-1) delta)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            mk,
+        )
+    )
+    out.append(
+        Bound(
+            "re",
+            "upper",
+            1 + (e_re - 1) / delta,
+            "1 + p/((r-p-1) delta)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            mk,
+        )
+    )
+    out.append(
+        Bound(
+            "wc",
+            "upper",
+            1 + (e_re - 1) / delta,
+            "1 + p/((r-p-1) delta)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            mk + "; any fixed y",
+        )
+    )
+    return out
+
+
+def _srht(n, p, r, delta):
+    L = math.log(n * p)
+    pe = 40 * L * (1 + n / r)
+    cond = "r of order p log(np) (paper's condition not confirmed)"
+    prob_note = "holds with the paper's constant probability (level not confirmed)"
+    return [
+        Bound("pe", "upper", pe, "40 log(np) (1 + n/r)", PAPER, None, True, "draw", cond, prob_note),
+        Bound(
+            "re",
+            "upper",
+            1 + p * (pe - 1) / (n - p),
+            "1 + p (B_PE - 1)/(n-p)",
+            DERIVED,
+            None,
+            True,
+            "draw",
+            cond,
+            "the paper's PE bound carried to RE by the exact identity; ~ 1 + 40 log(np) p/r",
+        ),
+        Bound(
+            "re",
+            "upper",
+            1 + 40 * L * (1 + p / r),
+            "1 + 40 log(np) (1 + p/r) [as drawn]",
+            PAPER,
+            None,
+            True,
+            "draw",
+            cond,
+            "as drawn by the replication code (panels swapped there); valid but never near 1, "
+            "so probably mis-transcribed: the PE bound and the identity give ~ 1 + 40 log(np) p/r",
+        ),
+    ]
+
+
+def _sampling(kind, n, p, r, delta, ell, options):
+    out = []
+    if ell is None and kind == "leverage":
+        note = "needs leverage= (the design's leverage scores)"
+        for m in ("pe", "re", "wc"):
+            out.append(Bound(m, "upper", math.nan, "-", DERIVED, 1 - delta, True, "draw", "", note))
+        out.append(
+            Bound("pe", "lower", math.nan, "p / E tr(U^T P_S U)", DERIVED, None, True, "mean", "", note)
+        )
+        return out
+    if ell is None:  # uniform without the design: the worst case over designs of coherence 1
+        ell_eff = None
+        kappa = float(n)  # max_i l_i / pi_i <= n
+        cross = n * p  # sum_i l_i (1 - l_i) / pi_i <= n p
+    else:
+        pi = _sampling_probabilities(kind, n, p, ell, options)
+        pos = ell > 0
+        kappa = float(np.max(ell[pos] / pi[pos]))
+        cross = float(np.sum(ell[pos] * (1 - ell[pos]) / pi[pos]))
+        ell_eff = ell
+    eps = chernoff_eps(p, kappa / r, delta / 2)
+    factor = 1.0 / (1.0 - eps) ** 2
+    cond = f"matrix Chernoff gives lambda_min(G) >= 1 - eps with eps = {eps:.3g} < 1"
+    if not math.isfinite(eps):
+        cond = "r too small for the matrix Chernoff bound (needs r >~ max_i(l_i/pi_i) log(2p/delta))"
+    pe_b = 1 + factor * (2 / delta) * cross / (r * p)
+    note = "matrix Chernoff (Tropp 2012) + Markov on E||U^T S^T S U_perp||_F^2 = sum_i l_i(1-l_i)/(r pi_i)"
+    if kind == "uniform" and not options.get("replace", True):
+        note += "; sampling without replacement only lowers both (Gross & Nesme 2010)"
+    out.append(
+        Bound(
+            "pe",
+            "upper",
+            pe_b,
+            "1 + 2 sum l(1-l)/pi / (r p delta (1-eps)^2)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            note,
+        )
+    )
+    out.append(
+        Bound(
+            "re",
+            "upper",
+            1 + p * (pe_b - 1) / (n - p),
+            "1 + p (B_PE - 1)/(n-p)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            "exact identity applied to the PE bound",
+        )
+    )
+    out.append(
+        Bound(
+            "wc",
+            "upper",
+            1 + factor * (2 / delta) * kappa / r,
+            "1 + 2 max(l/pi) / (r delta (1-eps)^2)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            "any fixed y",
+        )
+    )
+    # The paper's shapes (constants unknown: set to 1).
+    if kind == "leverage" and ell_eff is not None:
+        pos = ell_eff > 0
+        out.append(
+            Bound(
+                "pe",
+                "upper",
+                p / (r * float(ell_eff[pos].min())),
+                "C p / (r min_i l_i)",
+                PAPER_SHAPE,
+                None,
+                False,
+                "draw",
+                "",
+                "constant C unknown (set to 1)",
+            )
+        )
+    if kind == "uniform":
+        lmax = float(ell_eff.max()) if ell_eff is not None else 1.0
+        ok = r >= n * lmax * math.log(p) if p > 1 else True
+        out.append(
+            Bound(
+                "pe",
+                "upper",
+                n / r if ok else math.nan,
+                "C n/r  if r >~ n max_i l_i log p",
+                PAPER_SHAPE,
+                None,
+                False,
+                "draw",
+                "r >= n max_i l_i log p",
+                "constant C unknown (set to 1)",
+            )
+        )
+    # Lower bound on the mean: P(row i sampled) = q_i.
+    if kind == "uniform" and not options.get("replace", True):
+        lower = n / r
+        formula = "n/r"
+    elif ell_eff is None:
+        q = 1 - (1 - 1 / n) ** r
+        lower = 1 / q
+        formula = "1 / (1 - (1 - 1/n)^r)"
+    else:
+        q = 1 - (1 - pi) ** r
+        lower = p / float(np.sum(ell_eff * q))
+        formula = "p / sum_i l_i (1 - (1 - pi_i)^r)"
+    out.append(
+        Bound(
+            "pe",
+            "lower",
+            lower,
+            formula,
+            DERIVED,
+            None,
+            True,
+            "mean",
+            "",
+            "E[C_PE] over all draws (rank-deficient draws count as +inf); per draw C_PE >= p / tr(U^T P_S U)",
+        )
+    )
+    return out
+
+
+def _sparse(kind, n, p, r, delta, ell, options):
+    v = _sparse_v(kind, r, options)
+    if ell is None:
+        g2 = v * (p * p + p)
+    else:
+        g2 = v * (p * p + p - 2 * float(np.sum(ell**2)))
+    eps = math.sqrt(2 * g2 / delta)
+    ok = eps < 1
+    factor = 1 / (1 - eps) ** 2 if ok else math.nan
+    cond = f"Markov on E||G - I||_F^2 = {g2:.3g} gives ||G - I|| <= {eps:.3g} (needs < 1: r >~ 2 p^2 / delta)"
+    note = "E[(S^T S)_ij^2] = v for i != j; Markov on E||U^T S^T S U_perp||_F^2 <= v p (n-1)"
+    pe_b = 1 + factor * (2 / delta) * v * (n - 1)
+    return [
+        Bound(
+            "pe",
+            "upper",
+            pe_b,
+            "1 + 2 v (n-1) / (delta (1-eps)^2)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            note + f"; v = {v:.3g} ~ 1/r",
+        ),
+        Bound(
+            "re",
+            "upper",
+            1 + p * (pe_b - 1) / (n - p),
+            "1 + p (B_PE - 1)/(n-p)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            "exact identity applied to the PE bound",
+        ),
+        Bound(
+            "wc",
+            "upper",
+            1 + factor * (2 / delta) * v * p,
+            "1 + 2 v p / (delta (1-eps)^2)",
+            DERIVED,
+            1 - delta,
+            True,
+            "draw",
+            cond,
+            "any fixed y",
+        ),
+    ]
+
+
+def _projection_lower(kind, n, p, r, options):
+    exact = kind in ("gaussian", "countsketch", "sparse_sign")
+    exact = exact or (kind == "srht" and (options.get("transform") == "dct" or n & (n - 1) == 0))
+    note = (
+        "E[P_S] = (rank/n) I by symmetry"
+        if exact
+        else (
+            "assumes E[P_S] = (r/n) I: exact for a DCT transform or n a power of two, "
+            "not proved for a padded Hadamard"
+        )
+    )
+    return Bound("pe", "lower", n / min(r, n), "n / min(r, n)", DERIVED, None, exact, "mean", "", note)
+
+
+# --------------------------------------------------------------------------------------------- public
+def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> SketchBounds:
+    """The theoretical bounds on C_WC, C_PE and C_RE for one sketch family.
+
+    Parameters
+    ----------
+    kind : {"gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"}
+    n, p, r : int
+        Rows and columns of ``X`` (``n > p``) and the sketch size.
+    leverage : array of shape (n,), optional
+        The design's leverage scores (summing to ``p``). Needed for the leverage-sampling bounds and used to
+        sharpen the others; without it, uniform-sampling bounds take the worst case over designs.
+    delta : float in (0, 1), default 0.1
+        Failure probability of the derived high-probability bounds.
+    **sketch_options
+        The family's options as passed to :func:`rsketch.efficiency` (``uniform_mix`` and ``scores`` for
+        leverage sampling, ``replace`` for uniform sampling, ``nnz_per_column`` for sparse sign); they change
+        the sampling probabilities or the sparsity the bounds use.
+
+    Returns
+    -------
+    SketchBounds
+        Primary bounds (``pe_upper``, ``re_upper``, ``wc_upper``, ``pe_lower``) and all bounds (``all``),
+        each a :class:`Bound` with its value, formula, source, probability and whether its constants are
+        explicit.
+
+    Notes
+    -----
+    Upper bounds from the paper: Gaussian ``C_PE <= 44 (1 + n/r)``, ``C_RE <= 1 + 44 p/r``; SRHT
+    ``C_PE <= 40 log(np) (1 + n/r)`` (forms as drawn in the replication code of Dobriban & Liu, 2019). The
+    derived bounds hold with probability ``>= 1 - delta`` with explicit constants; the lower bound holds for
+    the expectation over sketches. See ``docs/efficiency.md`` for the derivations and what is unconfirmed.
+
+    Examples
+    --------
+    >>> import rsketch
+    >>> b = rsketch.bounds("gaussian", n=1000, p=50, r=200)
+    >>> round(b.pe_upper.value, 1), b.pe_upper.formula
+    (264.0, '44 (1 + n/r)')
+    >>> round(b.pe_lower.value, 2)
+    5.0
+    """
+    if not isinstance(kind, str) or kind not in SKETCH_KINDS:
+        raise ValueError(f"kind must be one of {sorted(SKETCH_KINDS)}, got {kind!r}")
+    n = check_int(n, "n", minimum=2)
+    p = check_int(p, "p", minimum=1, maximum=n - 1)
+    r = check_int(r, "r", minimum=1)
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0 < float(delta) < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    delta = float(delta)
+    ell = _check_leverage(leverage, n, p)
+
+    if kind == "gaussian":
+        allb = _gaussian(n, p, r, delta)
+    elif kind == "srht":
+        allb = _srht(n, p, r, delta)
+    elif kind in ("countsketch", "sparse_sign"):
+        allb = _sparse(kind, n, p, r, delta, ell, sketch_options)
+    else:
+        allb = _sampling(kind, n, p, r, delta, ell, sketch_options)
+    if kind not in ("leverage", "uniform"):
+        allb.append(_projection_lower(kind, n, p, r, sketch_options))
+    allb.append(
+        Bound(
+            "pe",
+            "lower",
+            math.nan,
+            "c0 n / ((1 + eta) r)",
+            PW,
+            None,
+            False,
+            "mean",
+            "",
+            "any estimator built from (SX, SY); c0 universal, not explicit; eta from "
+            "||E[S^T (S S^T)^{-1} S]|| <= eta r/n",
+        )
+    )
+
+    def primary(measure, side):
+        # The first bound listed for (measure, side): each family lists its preferred one first.
+        return next((b for b in allb if b.measure == measure and b.side == side), None)
+
+    return SketchBounds(
+        kind=kind,
+        n=n,
+        p=p,
+        r=r,
+        delta=delta,
+        pe_upper=primary("pe", "upper"),
+        re_upper=primary("re", "upper"),
+        wc_upper=primary("wc", "upper"),
+        pe_lower=primary("pe", "lower"),
+        all=tuple(allb),
+    )

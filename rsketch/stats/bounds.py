@@ -506,6 +506,12 @@ def _projection_lower(kind, n, p, r, options):
             "not proved for a padded Hadamard"
         )
     )
+    if kind == "countsketch":
+        # rank(S) = number of non-empty buckets, E = r (1 - (1 - 1/r)^n).
+        rank = r * -math.expm1(n * math.log1p(-1.0 / r)) if r > 1 else 1.0
+        return Bound(
+            "pe", "lower", n / rank, "n / (r (1 - (1 - 1/r)^n))", DERIVED, None, True, "mean", "", note
+        )
     return Bound("pe", "lower", n / min(r, n), "n / min(r, n)", DERIVED, None, exact, "mean", "", note)
 
 

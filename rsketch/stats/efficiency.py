@@ -331,27 +331,33 @@ def _closed_form_draw(S, U, y_parts):
     return pe, wc, False
 
 
-def _simulate_draw(S, X, y, beta, sigma, n_noise, noise_seed):
+def _lstsq(Q, s, Wt, B):
+    """Least-squares solution from a thin SVD ``A = Q diag(s) Wt`` of a full-column-rank ``A``."""
+    return Wt.T @ ((Q.T @ B) / s[:, None])
+
+
+def _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seed):
     """(pe, re, wc or nan, rank_deficient) for one sketch, by solving least squares on noise draws."""
     n, p = X.shape
     rng = np.random.default_rng(noise_seed)
     mean = X @ beta
     Y = mean[:, None] + sigma * rng.standard_normal((n, n_noise))
-    cols = [X, Y] if y is None else [X, Y, y[:, None]]
-    SB = S @ np.column_stack(cols)
+    if y is not None:
+        Y = np.column_stack([Y, y])
+    SB = S @ np.column_stack([X, Y])
     SX, SY = SB[:, :p], SB[:, p:]
-    s = scipy.linalg.svdvals(SX, check_finite=False)
+    Q, s, Wt = scipy.linalg.svd(SX, full_matrices=False, check_finite=False)
     if _is_rank_deficient(s, SX.shape, p):
         return math.nan, math.nan, math.nan, True
-    beta_s = scipy.linalg.lstsq(SX, SY, check_finite=False)[0]  # p x (n_noise [+1])
-    beta_o = scipy.linalg.lstsq(X, Y if y is None else np.column_stack([Y, y]), check_finite=False)[0]
-    fit_s, fit_o = X @ beta_s, X @ beta_o
-    err_s = np.sum((fit_s[:, :n_noise] - mean[:, None]) ** 2)
-    pe = float(err_s / np.sum((fit_o[:, :n_noise] - mean[:, None]) ** 2))
-    re = float(np.sum((Y - fit_s[:, :n_noise]) ** 2) / np.sum((Y - fit_o[:, :n_noise]) ** 2))
+    fit_s = X @ _lstsq(Q, s, Wt, SY)  # the sketched fits, one per response
+    fit_o = X @ _lstsq(*svd_x, Y)  # the OLS fits on the same responses
+    err = mean[:, None] - fit_s[:, :n_noise], mean[:, None] - fit_o[:, :n_noise]
+    pe = float(np.sum(err[0] ** 2) / np.sum(err[1] ** 2))
+    res_s, res_o = Y - fit_s, Y - fit_o
+    re = float(np.sum(res_s[:, :n_noise] ** 2) / np.sum(res_o[:, :n_noise] ** 2))
     wc = math.nan
     if y is not None:
-        wc = float(np.sum((y - fit_s[:, n_noise]) ** 2) / np.sum((y - fit_o[:, n_noise]) ** 2))
+        wc = float(np.sum(res_s[:, n_noise] ** 2) / np.sum(res_o[:, n_noise] ** 2))
     return pe, re, wc, False
 
 
@@ -460,7 +466,8 @@ def efficiency(
         raise ValueError(f"sketch_size must be <= n = {n} for uniform sampling without replacement, got {r}")
     root = _root_seed(seed)
 
-    U, _, _ = orthonormal_basis(X)
+    svd_x = orthonormal_basis(X)
+    U = svd_x[0]
     options = dict(sketch_options)
     if sketch == "leverage" and "scores" not in options:
         options["scores"] = np.einsum("ij,ij->i", U, U)
@@ -487,7 +494,7 @@ def efficiency(
                 pe_i, wc_i, bad = _closed_form_draw(S, U, y_parts)
                 re_i = math.nan if bad else 1.0 + p * (pe_i - 1.0) / (n - p)
             else:
-                pe_i, re_i, wc_i, bad = _simulate_draw(S, X, y, beta, sigma, n_noise, noise_seeds[i])
+                pe_i, re_i, wc_i, bad = _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seeds[i])
             deficient[i] = bad
             pe[i], re[i] = pe_i, re_i
             if wc is not None:

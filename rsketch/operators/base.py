@@ -149,15 +149,15 @@ class SketchOperator:
     # ----------------------------------------------------------------------------- products
     def __matmul__(self, A):
         A, is_vector = check_operand(A, self.n_rows, "A", check_finite_values=not self._nonfinite_propagates)
-        if sp.issparse(A):
-            out = self._apply_sparse(A)
-        elif isinstance(A, np.ndarray):
-            out = self._apply_numpy(A)
-        else:
-            out = self.reference_apply(A)
-        if self._nonfinite_propagates and not bool(
-            array_namespace(out).all(array_namespace(out).isfinite(out))
-        ):
+        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite output is checked below
+            if sp.issparse(A):
+                out = self._apply_sparse(A)
+            elif isinstance(A, np.ndarray):
+                out = self._apply_numpy(A)
+            else:
+                out = self.reference_apply(A)
+        xo = array_namespace(out)
+        if self._nonfinite_propagates and not bool(xo.all(xo.isfinite(out))):
             check_finite(A, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
         return out[:, 0] if is_vector else out
 

@@ -6,13 +6,18 @@ tokens) and cache region ``seq_ids[b]``, which already held ``L_b`` tokens befor
 and now holds ``L_b + n_b`` (the forward wrote the new keys first). New token ``i`` of sequence
 ``b`` sees keys ``0 .. L_b + i``: causal, aligned bottom-right. An optional boolean
 ``key_valid[seq, slot]`` additionally hides cache slots (pads of a padded layout).
+
+The masks depend only on the batch's layout, not on the layer, so :class:`AttentionPlan` builds
+them once per forward and :func:`attend` reuses them in every layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["packed_attention"]
+__all__ = ["AttentionPlan", "attend", "packed_attention"]
 
 _NEG = -1e30  # finite, so a row with every key hidden stays finite (its output is then ignored)
 
@@ -24,8 +29,107 @@ def _softmax_(s: np.ndarray) -> np.ndarray:
     return s
 
 
-def packed_attention(q, cache, layer, seq_ids, cu_seqlens, old_lengths, key_valid=None):
-    """Attention output ``[T, n_heads, head_dim]`` for packed queries ``q`` ``[T, n_heads, head_dim]``.
+@dataclass
+class AttentionPlan:
+    """Per-forward attention layout: either one uniform group or a list of per-sequence pieces.
+
+    ``uniform`` holds ``(seq_slice_or_ids, n, S, bias)`` when every sequence has the same number
+    ``n`` of new tokens (decode steps, padded layouts): all sequences then run in one batched
+    matmul over a ``[Hkv, B, S, D]`` view of their cache regions, with an additive ``bias``
+    ``[1, B, 1, n, S]`` (or None) hiding each sequence's keys beyond its own length, future keys
+    and invalid slots. Otherwise ``pieces`` lists ``(a, e, start, S, bias)`` per sequence: rows
+    ``a:e`` of the packed queries, cache slots ``start : start + S``, bias ``[n, S]`` or None.
+    """
+
+    uniform: tuple | None
+    pieces: list
+    dtype: np.dtype
+
+    @classmethod
+    def build(cls, cache, seq_ids, cu_seqlens, old_lengths, key_valid=None, *, grouped=True, dtype=None):
+        seq_ids = np.asarray(seq_ids, dtype=np.int64)
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        old = np.asarray(old_lengths, dtype=np.int64)
+        dtype = np.dtype(cache.dtype if dtype is None else dtype)
+        counts = np.diff(cu)
+        B = seq_ids.size
+        if grouped and B > 1 and counts[0] > 0 and (counts == counts[0]).all():
+            n = int(counts[0])
+            S = int((old + n).max())
+            lo = int(seq_ids[0])
+            sel = slice(lo, lo + B) if (seq_ids == lo + np.arange(B)).all() else seq_ids
+            # allowed[b, i, j]: key j <= L_b + i (bottom-right causal, and within b's own length)
+            allowed = np.arange(S)[None, None, :] <= (old[:, None] + np.arange(n)[None, :])[:, :, None]
+            if key_valid is not None:
+                allowed = allowed & key_valid[seq_ids, :S][:, None, :]  # [B, n, S]
+            bias = None if allowed.all() else np.where(allowed, 0.0, _NEG).astype(dtype)[None, :, None]
+            return cls((sel, n, S, bias), [], dtype)
+        pieces = []
+        for b in range(B):
+            a, e = int(cu[b]), int(cu[b + 1])
+            n = e - a
+            if n == 0:
+                continue
+            s, L = int(seq_ids[b]), int(old[b])
+            S = L + n
+            bias = None
+            if n > 1 or key_valid is not None:
+                allowed = np.arange(S)[None, :] <= (L + np.arange(n))[:, None]  # [n, S]
+                if key_valid is not None:
+                    allowed = allowed & key_valid[s, :S][None, :]
+                if not allowed.all():
+                    bias = np.where(allowed, 0.0, _NEG).astype(dtype)
+            pieces.append((a, e, int(cache.starts[s]), S, bias))
+        return cls(None, pieces, dtype)
+
+
+def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
+    """Attention output ``[T, H, D]`` of rotated queries ``q`` ``[T, H, D]`` for ``layer``, by ``plan``."""
+    T, H, D = q.shape
+    Hkv = cache.n_kv_heads
+    G = H // Hkv
+    scale = 1.0 / np.sqrt(D)
+    if plan.uniform is not None:
+        sel, n, S, bias = plan.uniform
+        cap = cache.capacity
+        k4 = cache.k[layer].reshape(Hkv, cache.max_seqs, cap, D)  # [Hkv, max_seqs, cap, D] (a view)
+        v4 = cache.v[layer].reshape(Hkv, cache.max_seqs, cap, D)
+        kb, vb = k4[:, sel, :S], v4[:, sel, :S]  # [Hkv, B, S, D]; a view when sel is a slice
+        B = kb.shape[1]
+        # [T, H, D] = [B, n, Hkv, G, D] -> [Hkv, B, G, n, D] -> [Hkv, B, G * n, D]
+        qb = q.reshape(B, n, Hkv, G, D).transpose(2, 0, 3, 1, 4).reshape(Hkv, B, G * n, D)
+        scores = qb @ kb.transpose(0, 1, 3, 2)  # [Hkv, B, G * n, S]
+        scores *= scale
+        if bias is not None:
+            scores = scores.reshape(Hkv, B, G, n, S)
+            scores += bias  # [1, B, 1, n, S]
+            scores = scores.reshape(Hkv, B, G * n, S)
+        p = _softmax_(scores)
+        ob = p @ vb  # [Hkv, B, G * n, D]
+        return ob.reshape(Hkv, B, G, n, D).transpose(1, 3, 0, 2, 4).reshape(T, H, D)
+
+    out = np.zeros_like(q)
+    kbuf, vbuf = cache.k[layer], cache.v[layer]  # [Hkv, slots, D]
+    for a, e, start, S, bias in plan.pieces:
+        n = e - a
+        kb = kbuf[:, start : start + S]  # [Hkv, S, D]
+        vb = vbuf[:, start : start + S]  # [Hkv, S, D]
+        # queries grouped by KV head: [n, H, D] -> [Hkv, G * n, D]
+        qb = q[a:e].reshape(n, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * n, D)
+        scores = qb @ kb.transpose(0, 2, 1)  # [Hkv, G * n, S]
+        scores *= scale
+        if bias is not None:
+            scores = scores.reshape(Hkv, G, n, S)
+            scores += bias  # [n, S]
+            scores = scores.reshape(Hkv, G * n, S)
+        p = _softmax_(scores)
+        ob = p @ vb  # [Hkv, G * n, D]
+        out[a:e] = ob.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D)
+    return out
+
+
+def packed_attention(q, cache, layer, seq_ids, cu_seqlens, old_lengths, key_valid=None, *, grouped=True):
+    """One-shot :func:`attend`: build the plan and apply it (see :class:`AttentionPlan`).
 
     Parameters
     ----------
@@ -39,6 +143,8 @@ def packed_attention(q, cache, layer, seq_ids, cu_seqlens, old_lengths, key_vali
         Cached tokens of each sequence before this forward.
     key_valid : bool array [max_seqs, capacity] or None
         Slots that may be attended to.
+    grouped : bool
+        Allow the batched path for equal counts; ``False`` forces the per-sequence loop.
 
     Examples
     --------
@@ -52,36 +158,5 @@ def packed_attention(q, cache, layer, seq_ids, cu_seqlens, old_lengths, key_vali
     >>> out[0, 0].tolist()
     [1.0, 0.0]
     """
-    T, H, D = q.shape
-    Hkv = cache.n_kv_heads
-    G = H // Hkv
-    scale = 1.0 / np.sqrt(D)
-    out = np.empty_like(q)
-    kbuf, vbuf = cache.k[layer], cache.v[layer]  # [Hkv, slots, D]
-    for b in range(len(seq_ids)):
-        a, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
-        n = e - a
-        if n == 0:
-            continue
-        s = int(seq_ids[b])
-        L = int(old_lengths[b])
-        S = L + n
-        start = int(cache.starts[s])
-        kb = kbuf[:, start : start + S]  # [Hkv, S, D]
-        vb = vbuf[:, start : start + S]  # [Hkv, S, D]
-        # queries grouped by KV head: [n, H, D] -> [Hkv, G * n, D]
-        qb = q[a:e].reshape(n, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * n, D)
-        scores = qb @ kb.transpose(0, 2, 1)  # [Hkv, G * n, S]
-        scores *= scale
-        if n > 1 or key_valid is not None:
-            # allowed[i, j]: key j <= L + i (bottom-right causal) and valid
-            allowed = np.arange(S)[None, :] <= (L + np.arange(n))[:, None]  # [n, S]
-            if key_valid is not None:
-                allowed = allowed & key_valid[s, :S][None, :]
-            scores = scores.reshape(Hkv, G, n, S)
-            scores[:, :, ~allowed] = _NEG
-            scores = scores.reshape(Hkv, G * n, S)
-        p = _softmax_(scores)
-        ob = p @ vb  # [Hkv, G * n, D]
-        out[a:e] = ob.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D)
-    return out
+    plan = AttentionPlan.build(cache, seq_ids, cu_seqlens, old_lengths, key_valid, grouped=grouped)
+    return attend(q, cache, layer, plan)

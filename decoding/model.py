@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import packed_attention
+from .attention import AttentionPlan, attend
 from .config import LlamaConfig
 from .gguf import GGUFFile, read_gguf
 from .kv_cache import KVCache
@@ -92,6 +92,23 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     out[..., 0] = x0 * cos - x1 * sin
     out[..., 1] = x0 * sin + x1 * cos
     return out.reshape(T, nh, D)
+
+
+def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
+    """Logits ``h @ w.T`` for ``h`` [N, d] and the output head ``w`` [V, d].
+
+    For a few rows (batched decode), OpenBLAS's GEMM packs the whole 113 MB head for every call,
+    tripling its memory traffic; running it over row blocks of ``w`` that fit in cache reads the
+    head from memory once (measured about 2x faster at 8 rows).
+    """
+    N = h.shape[0]
+    if N <= 1 or N > 64:
+        return h @ w.T
+    ht = np.ascontiguousarray(h.T)  # [d, N]
+    out_t = np.empty((w.shape[0], N), dtype=np.result_type(h, w))  # [V, N]
+    for a in range(0, w.shape[0], chunk):
+        np.matmul(w[a : a + chunk], ht, out=out_t[a : a + chunk])
+    return np.ascontiguousarray(out_t.T)  # [N, V]
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -290,6 +307,7 @@ class Model:
         sin = np.sin(ang).astype(self.dtype)[:, None, :]
         eps = cfg.norm_eps
 
+        plan = AttentionPlan.build(cache, seq_ids, cu, old, key_valid, dtype=self.dtype)
         x = self.tok_embd[tokens]  # [T, d]
         for li, L in enumerate(self.layers):
             h = _rmsnorm(x, L.attn_norm, eps)  # [T, d]
@@ -298,7 +316,7 @@ class Model:
             k = _rope(qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D), cos, sin)  # [T, Hkv, D]
             v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
             cache.write(li, slots, k, v)
-            o = packed_attention(q, cache, li, seq_ids, cu, old, key_valid)  # [T, H, D]
+            o = attend(q, cache, li, plan)  # [T, H, D]
             x = x + o.reshape(T, H * D) @ L.wo  # [T, d]
             h = _rmsnorm(x, L.ffn_norm, eps)
             gu = h @ L.w_gate_up  # [T, 2F]
@@ -311,7 +329,7 @@ class Model:
         if logits == "last":
             idx = np.maximum(cu[1:] - 1, 0)
             x = x[idx] if T else np.zeros((B, cfg.d_model), self.dtype)  # [B, d]
-        out = _rmsnorm(x, self.out_norm, eps) @ self.output_weight.T  # [T or B, V]
+        out = _head(_rmsnorm(x, self.out_norm, eps), self.output_weight)  # [T or B, V]
         if logits == "last" and (counts == 0).any():
             out[counts == 0] = np.nan
         return out

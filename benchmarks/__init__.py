@@ -8,4 +8,5 @@ with date, CPU model, thread count and BLAS, to ``benchmarks/RESULTS.md``.
 # name -> module path. Modules are imported lazily so one area's missing extra does not stop the rest.
 AREAS = {
     "operators": "benchmarks.operators",
+    "decoding": "benchmarks.decoding_engine",
 }

@@ -1,0 +1,221 @@
+"""The decoding engine on SmolLM2-135M-Instruct (Q4_1 GGUF, held as float32): prefill and decode tokens/s.
+
+Peers measured in the same run:
+- the weight-read limit: bytes of the weights as the engine holds them, divided by the read
+  bandwidth of summing a 1 GB float32 NumPy array (a decode step must read every weight once);
+- llama.cpp through ``llama-cpp-python`` at batch 1, when ``make parity`` has built ``.venv-parity``
+  (else "not measured");
+- Hugging Face ``transformers`` on CPU only where an optional ``.venv-torch`` exists (else "not measured").
+
+Both wall-clock and CPU-time rates are reported: this machine's 2 cores are shared with other
+jobs, and the engine runs BLAS single-threaded (see ``decoding._threads``), so tokens per CPU-second
+is the figure that does not depend on the neighbours' load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._harness import Report, Target, median_time
+
+ROOT = Path(__file__).resolve().parents[1]
+PARITY_PY = ROOT / ".venv-parity" / "bin" / "python"
+TORCH_PY = ROOT / ".venv-torch" / "bin" / "python"
+
+
+def _both_times(fn, repeats):
+    """Median wall and CPU seconds of ``fn()`` over ``repeats`` runs (after one warm-up)."""
+    fn()
+    walls, cpus = [], []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return float(np.median(walls)), float(np.median(cpus))
+
+
+def read_bandwidth(nbytes: int, repeats: int = 3) -> float:
+    """Bytes per second of ``a.sum()`` over a float32 array of ``nbytes`` bytes."""
+    a = np.ones(nbytes // 4, dtype=np.float32)
+    t = median_time(a.sum, repeats=repeats, warmup=1)
+    return a.nbytes / t
+
+
+def _llamacpp_figures(model_path: Path, prompt_ids: list[int], n_decode: int) -> dict | None:
+    if not PARITY_PY.exists():
+        return None
+    cmd = [str(PARITY_PY), str(ROOT / "benchmarks" / "parity_llamacpp.py"), "--worker-bench", str(model_path)]
+    try:
+        out = subprocess.run(
+            cmd,
+            input=json.dumps({"prompt": prompt_ids, "n_decode": n_decode}),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        return {"error": str(e)[:200]}
+
+
+def run(quick: bool = False) -> Report:
+    from decoding import load_model
+    from decoding._threads import blas_threads
+    from decoding.api import model_path
+
+    report = Report("Decoding engine: SmolLM2-135M-Instruct (Q4_1 GGUF -> float32), NumPy, 1 BLAS thread")
+    t0 = time.perf_counter()
+    model, tok = load_model()
+    load_s = time.perf_counter() - t0
+    bw = read_bandwidth((256 if quick else 1024) * 2**20)
+    limit = bw / model.nbytes  # decode steps/s if only the weights had to be read
+    rng = np.random.default_rng(0)
+    text = " ".join(
+        ["The engine packs the new tokens of every sequence into one array and attends to each cache."] * 60
+    )
+    ids = tok.encode(text)
+    n_prefill = 128 if quick else 512
+    assert len(ids) >= n_prefill
+    prompt = np.array(ids[:n_prefill])
+    repeats = 2 if quick else 3
+    n_steps = 4 if quick else 8
+    ctx = 64  # prompt tokens per sequence before the timed decode steps
+
+    with blas_threads():
+
+        def prefill():
+            cache = model.new_cache(max_seqs=1, capacity=n_prefill)
+            model.forward(
+                prompt, cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, n_prefill], logits="last"
+            )
+
+        w, c = _both_times(prefill, repeats)
+        report.rows.append(
+            {
+                "engine": "ours",
+                "case": f"prefill {n_prefill} tokens, batch 1",
+                "tok/s (wall)": n_prefill / w,
+                "tok/CPU-s": n_prefill / c,
+                "ms/step (wall)": 1e3 * w,
+            }
+        )
+        decode = {}
+        for B in (1, 8) if quick else (1, 4, 8, 16):
+            cache = model.new_cache(max_seqs=B, capacity=ctx + n_steps * (repeats + 2))
+            seq = np.array([cache.allocate() for _ in range(B)])
+            start = rng.integers(0, len(ids) - ctx, size=B)
+            batch = np.concatenate([ids[s : s + ctx] for s in start])
+            logits = model.forward(
+                batch, cache=cache, seq_ids=seq, cu_seqlens=np.arange(B + 1) * ctx, logits="last"
+            )
+            state = {"logits": logits}
+
+            def steps(B=B, cache=cache, seq=seq, state=state):
+                for _ in range(n_steps):
+                    nxt = np.argmax(state["logits"], axis=-1)  # greedy
+                    state["logits"] = model.forward(
+                        nxt, cache=cache, seq_ids=seq, cu_seqlens=np.arange(B + 1), logits="last"
+                    )
+
+            w, c = _both_times(steps, repeats)
+            decode[B] = (B * n_steps / w, B * n_steps / c)
+            report.rows.append(
+                {
+                    "engine": "ours",
+                    "case": f"decode, batch {B} (context {ctx}+)",
+                    "tok/s (wall)": decode[B][0],
+                    "tok/CPU-s": decode[B][1],
+                    "ms/step (wall)": 1e3 * w / n_steps,
+                }
+            )
+
+    report.rows.append(
+        {
+            "engine": "weight-read limit",
+            "case": f"{model.nbytes / 1e6:.0f} MB of weights at {bw / 1e9:.2f} GB/s (sum of a float32 array)",
+            "tok/s (wall)": limit,
+            "tok/CPU-s": "",
+            "ms/step (wall)": 1e3 / limit,
+        }
+    )
+    lc = _llamacpp_figures(model_path(), [int(i) for i in prompt], n_steps * 4)
+    if lc is None or "error" in lc:
+        why = "not measured: .venv-parity absent (run `make parity`)" if lc is None else lc["error"]
+        report.rows.append(
+            {
+                "engine": "llama.cpp (llama-cpp-python)",
+                "case": why,
+                "tok/s (wall)": "",
+                "tok/CPU-s": "",
+                "ms/step (wall)": "",
+            }
+        )
+    else:
+        report.rows.append(
+            {
+                "engine": "llama.cpp (llama-cpp-python)",
+                "case": f"prefill {n_prefill} tokens, batch 1 ({lc.get('threads')} threads)",
+                "tok/s (wall)": lc["prefill_tok_s"],
+                "tok/CPU-s": "",
+                "ms/step (wall)": 1e3 * n_prefill / lc["prefill_tok_s"],
+            }
+        )
+        report.rows.append(
+            {
+                "engine": "llama.cpp (llama-cpp-python)",
+                "case": f"decode, batch 1 ({lc.get('threads')} threads, Q4_1 kernels)",
+                "tok/s (wall)": lc["decode_tok_s"],
+                "tok/CPU-s": "",
+                "ms/step (wall)": 1e3 / lc["decode_tok_s"],
+            }
+        )
+    if not TORCH_PY.exists():
+        report.rows.append(
+            {
+                "engine": "transformers (CPU)",
+                "case": "not measured: no .venv-torch",
+                "tok/s (wall)": "",
+                "tok/CPU-s": "",
+                "ms/step (wall)": "",
+            }
+        )
+
+    b1_wall, b1_cpu = decode[1]
+    b8_wall, b8_cpu = decode[8]
+    report.targets.append(
+        Target(
+            "decode at batch 1 >= 50% of the weight-read limit",
+            f"{b1_wall:.1f} tok/s = {100 * b1_wall / limit:.0f}% of {limit:.1f} tok/s",
+            b1_wall >= 0.5 * limit,
+        )
+    )
+    report.targets.append(
+        Target(
+            "decode at batch 8 >= 4x batch 1 tokens/s",
+            f"{b8_wall / b1_wall:.2f}x wall ({b8_cpu / b1_cpu:.2f}x per CPU-second)",
+            b8_wall >= 4 * b1_wall,
+        )
+    )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    report.notes.append(
+        f"model load (parse + dequantize) {load_s:.1f} s; 1-minute load average at the end {load:.2f} "
+        f"on {os.cpu_count()} logical CPUs (other jobs share them; compare the CPU-time column)"
+    )
+    report.notes.append(
+        "weights are held dequantized in float32 (4 bytes/weight, about 5.5x the Q4_1 file), so the "
+        "weight-read limit is lower than llama.cpp's, which reads the Q4_1 blocks directly"
+    )
+    return report
+
+
+if __name__ == "__main__":
+    print(run(quick="--quick" in sys.argv).to_markdown())

@@ -130,6 +130,12 @@ def gaussian_columns(k0, k1, start, stop, r, stream, out, X):
             q += 1
 
 
+# The same kernel on one thread, releasing the GIL: GaussianSketch runs one per worker thread,
+# each alternating generation and a one-thread BLAS product, so numba's and BLAS's thread pools
+# never compete (their spin-waiting doubled the time when they alternated on two cores).
+gaussian_columns_serial = njit(nogil=True, cache=True)(gaussian_columns.py_func)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sparse sign / CountSketch: column j of S has s nonzeros, one in each of s row blocks
 # (the block construction of OSNAP). Nonzero t of column j draws from counter (j, t // 2, stream):

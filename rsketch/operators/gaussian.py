@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from rsketch._random import STREAM_GAUSS, ZIG_X, ziggurat_columns
 from rsketch.kernels import cpu
@@ -55,10 +58,31 @@ class GaussianSketch(SketchOperator):
         return G.T * (1.0 / math.sqrt(self.sketch_size))
 
     def _apply_numpy(self, A):
-        out = np.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
+        n, r, k = self.n_rows, self.sketch_size, A.shape[1]
         bs = self._block_size()
-        for a in range(0, self.n_rows, bs):
-            b = min(self.n_rows, a + bs)
-            out += self._unscaled_columns_numpy(a, b, A.dtype).T @ A[a:b]
-        out *= A.dtype.type(1.0 / math.sqrt(self.sketch_size))
+        starts = list(range(0, n, bs))
+        n_workers = max(1, min(numba.get_num_threads(), len(starts)))
+
+        def work(w):
+            # Worker w takes blocks w, w + n_workers, ...: generation (numba, no GIL) then a
+            # one-thread BLAS product, accumulated privately.
+            acc = np.zeros((r, k), dtype=A.dtype)
+            G = np.empty((bs, r), dtype=A.dtype)
+            for a in starts[w::n_workers]:
+                b = min(n, a + bs)
+                cpu.gaussian_columns_serial(
+                    self.key[0], self.key[1], a, b, r, STREAM_GAUSS, G[: b - a], ZIG_X
+                )
+                acc += G[: b - a].T @ A[a:b]
+            return acc
+
+        if len(starts) == 1:  # one block: nothing to overlap, skip the pool set-up
+            parts = [work(0)]
+        else:
+            with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_workers) as pool:
+                parts = list(pool.map(work, range(n_workers)))
+        out = parts[0]
+        for part in parts[1:]:
+            out += part
+        out *= A.dtype.type(1.0 / math.sqrt(r))
         return out

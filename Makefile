@@ -31,6 +31,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
+parity: $(STAMP)
+	@if [ ! -x .venv-parity/bin/python ]; then \
+	  if command -v cc >/dev/null 2>&1 && command -v cmake >/dev/null 2>&1; then \
+	    $(PYTHON) -m venv .venv-parity && .venv-parity/bin/python -m pip install -q numpy && \
+	    CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-parity/bin/python -m pip install -q --no-binary llama-cpp-python \
+	      llama-cpp-python || { rm -rf .venv-parity; echo "parity: llama-cpp-python failed to build; skipped"; }; \
+	  else echo "parity: no C compiler or CMake; skipped"; fi; fi
+	$(BIN)/python benchmarks/parity_llamacpp.py --record
+
 figures: $(STAMP)
 	$(BIN)/python -m rsketch.experiments.raskutti_mahoney --out docs/figures
 

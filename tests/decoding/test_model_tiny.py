@@ -240,3 +240,25 @@ def test_kv_cache_lifecycle():
 def test_model_shares_weights_and_reports_bytes(model):
     assert model.nbytes > 0 and model.output_weight is model.tok_embd
     assert isinstance(model, Model)
+
+
+@pytest.mark.parametrize("key_valid", [False, True])
+def test_grouped_attention_equals_per_sequence_loop(key_valid):
+    """The batched path for equal counts and the per-sequence loop agree (ragged cache lengths)."""
+    from decoding.attention import packed_attention
+
+    rng = np.random.default_rng(4)
+    cache = KVCache(1, 2, 8, max_seqs=5, capacity=16, dtype=np.float64)
+    cache.k[:] = rng.normal(size=cache.k.shape)
+    cache.v[:] = rng.normal(size=cache.v.shape)
+    valid = rng.random((5, 16)) < 0.8 if key_valid else None
+    if valid is not None:
+        valid[:, 0] = True
+    for seq_ids in ([1, 2, 3], [4, 0, 2]):  # consecutive (a view) and not (a gather)
+        old = np.array([3, 9, 0])
+        n = 3
+        q = rng.normal(size=(3 * n, 6, 8))  # 6 query heads on 2 KV heads
+        cu = np.arange(4) * n
+        a = packed_attention(q, cache, 0, np.array(seq_ids), cu, old, valid, grouped=True)
+        b = packed_attention(q, cache, 0, np.array(seq_ids), cu, old, valid, grouped=False)
+        assert np.max(np.abs(a - b)) < 1e-12

@@ -59,6 +59,19 @@ def check_finite(A, name: str = "A") -> None:
         raise ValueError(f"{name} contains NaN or infinite values")
 
 
+def _float_dtype_for_namespace(A, name: str) -> np.dtype:
+    from rsketch._backend import array_namespace
+
+    xp = array_namespace(A)
+    if xp.isdtype(A.dtype, "real floating"):
+        return np.dtype(np.float32) if A.dtype == xp.float32 else np.dtype(np.float64)
+    if xp.isdtype(A.dtype, "integral") or xp.isdtype(A.dtype, "bool"):
+        return np.dtype(np.float64)
+    if xp.isdtype(A.dtype, "complex floating"):
+        raise TypeError(f"{name} must be real-valued; got complex dtype {A.dtype}")
+    raise TypeError(f"{name} must be a numeric (real) array; got dtype {A.dtype}")
+
+
 def check_operand(A, n_rows: int, name: str = "A", *, check_finite_values: bool = True):
     """Validate the right-hand operand of ``S @ A``.
 
@@ -88,8 +101,10 @@ def check_operand(A, n_rows: int, name: str = "A", *, check_finite_values: bool 
             A = np.asarray(A)
         except (ValueError, TypeError) as exc:
             raise TypeError(f"{name} must be an array of real numbers: {exc}") from exc
-    dtype = np.dtype(str(A.dtype)) if not isinstance(A.dtype, np.dtype) else A.dtype
-    dt = _float_dtype_for(dtype, name)
+    if isinstance(A.dtype, np.dtype):
+        dt = _float_dtype_for(A.dtype, name)
+    else:  # another array namespace: classify its dtype through the array API
+        dt = _float_dtype_for_namespace(A, name)
     if A.ndim not in (1, 2):
         raise ValueError(f"{name} must be 1-D or 2-D, got {A.ndim} dimensions (shape {A.shape})")
     if A.shape[0] != n_rows:

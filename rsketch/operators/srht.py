@@ -104,7 +104,7 @@ class SRHT(SketchOperator):
             h = xp.astype(1 - 2 * _parity(xp, i & j), xp.float64)
             return h * d * (1.0 / math.sqrt(r))
         n = self.n_rows
-        c = xp.where(i == 0, math.sqrt(0.5), 1.0)
+        c = 1.0 - (1.0 - math.sqrt(0.5)) * xp.astype(i == 0, xp.float64)  # DCT-II row 0 has weight 1/sqrt(2)
         ang = (math.pi / (2 * n)) * xp.astype((2 * j + 1) * i, xp.float64)
         return math.sqrt(2.0 / r) * c * xp.cos(ang) * d
 

@@ -365,3 +365,19 @@ class TestBadInput:
             S[0, 1]
         with pytest.raises(ValueError, match="stop"):
             S.columns(5, 11)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_portable_path_runs_on_a_strict_array_namespace(kind):
+    # array_api_strict implements only the Python array API standard: an operator that runs on
+    # it is written against the namespace, not against NumPy (the CuPy/Dask path).
+    xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+    n, r = 150, 12
+    S = build(kind, n, r, seed=21)
+    A = np.random.default_rng(3).standard_normal((n, 3))
+    out = S @ xps.asarray(A)
+    assert type(out).__module__.startswith("array_api_strict")
+    assert rel_err(np.asarray(out), S @ A) < 1e-12
+    Z = np.random.default_rng(4).standard_normal((r, 2))
+    back = S.T @ xps.asarray(Z)
+    assert rel_err(np.asarray(back), S.T @ Z) < 1e-12

@@ -2,7 +2,8 @@
 
 >>> import decoding
 >>> model, tokenizer = decoding.load_model()  # doctest: +SKIP
->>> prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+>>> messages = [{"role": "user", "content": "What is the capital of France?"}]
+>>> prompt = tokenizer.apply_chat_template(messages)  # doctest: +SKIP
 >>> decoding.generate(model, tokenizer, [prompt], max_new_tokens=16).texts  # doctest: +SKIP
 ['The capital of France is Paris.']
 """

@@ -154,7 +154,8 @@ def generate(
     Examples
     --------
     >>> model, tok = load_model()  # doctest: +SKIP
-    >>> prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    >>> messages = [{"role": "user", "content": "What is the capital of France?"}]
+    >>> prompt = tok.apply_chat_template(messages)  # doctest: +SKIP
     >>> generate(model, tok, [prompt] * 4, max_new_tokens=20).texts[0]  # doctest: +SKIP
     'The capital of France is Paris.'
     """

@@ -29,7 +29,7 @@ class GenerationResult:
 
     Examples
     --------
-    >>> r = GenerationResult([[5]], ["hi"], [[1, 2]], ["length"], 0.5, 1.0, [1.0])
+    >>> r = GenerationResult([[5, 6]], ["hi"], [[1, 2]], ["length"], 0.5, 1.0, [1.0])
     >>> r.prefill_tokens_per_s, r.decode_tokens_per_s
     (4.0, 1.0)
     """

@@ -239,8 +239,8 @@ class Model:
         tokens,
         *,
         cache: KVCache,
-        seq_ids,
-        cu_seqlens,
+        seq_ids=None,
+        cu_seqlens=None,
         positions=None,
         logits: str | None = "all",
         key_valid=None,
@@ -249,8 +249,9 @@ class Model:
 
         Parameters
         ----------
-        tokens : int array [T]
-            New tokens of all sequences, concatenated.
+        tokens : int array [T] or PackedBatch
+            New tokens of all sequences, concatenated; a :class:`PackedBatch` supplies
+            ``seq_ids``, ``cu_seqlens`` and ``positions`` itself.
         cache : KVCache
             Sequence ``seq_ids[b]`` already caches ``cache.lengths[seq_ids[b]]`` tokens; on return it
             also holds the new ones.
@@ -272,6 +273,17 @@ class Model:
         logits : array or None
         """
         cfg = self.config
+        if isinstance(tokens, PackedBatch):
+            if seq_ids is not None or cu_seqlens is not None or positions is not None:
+                raise TypeError("pass either a PackedBatch or tokens with seq_ids/cu_seqlens/positions")
+            tokens, seq_ids, cu_seqlens, positions = (
+                tokens.tokens,
+                tokens.seq_ids,
+                tokens.cu_seqlens,
+                tokens.positions,
+            )
+        if seq_ids is None or cu_seqlens is None:
+            raise TypeError("forward needs seq_ids and cu_seqlens (or a PackedBatch)")
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         seq_ids = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
         cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)

@@ -42,7 +42,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self._id_to_token = id_to_token
         self.vocab_size = len(id_to_token)
-        self._special = {i for i, t in enumerate(id_to_token) if t in set(hf.get_added_tokens_decoder())}
+        self._special = {int(i) for i, t in hf.get_added_tokens_decoder().items() if t.special}
 
     @classmethod
     def from_metadata(cls, md: dict) -> Tokenizer:

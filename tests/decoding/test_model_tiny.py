@@ -77,7 +77,7 @@ def test_packed_ragged_matches_each_alone(model, seqs):
     pb = PackedBatch.from_lists(prefix, seq_ids=ids, start_positions=[0] * 4)
     model.forward(pb.tokens, cache=cache, seq_ids=ids, cu_seqlens=pb.cu_seqlens, positions=pb.positions)
     pb = PackedBatch.from_lists(new, seq_ids=ids, start_positions=[len(p) for p in prefix])
-    out = model.forward(pb.tokens, cache=cache, seq_ids=pb.seq_ids, cu_seqlens=pb.cu_seqlens, logits="all")
+    out = model.forward(pb, cache=cache, logits="all")
     last = model.forward(  # one more token each, logits of the last only
         np.array([5, 6, 7, 8]), cache=cache, seq_ids=ids, cu_seqlens=np.arange(5), logits="last"
     )

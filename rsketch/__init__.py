@@ -4,6 +4,7 @@ Public API: the sketch operators and :func:`make_sketch` (this module); solvers,
 measures, bounds and scikit-learn estimators are added by their own modules.
 """
 
+from rsketch.linalg import ConvergenceWarning, LstsqResult, lstsq
 from rsketch.operators import (
     SKETCH_KINDS,
     SRHT,
@@ -23,10 +24,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AdjointSketch",
     "Bound",
+    "ConvergenceWarning",
     "CountSketch",
     "EfficiencyResult",
     "GaussianSketch",
     "LeverageSampling",
+    "LstsqResult",
     "SKETCH_KINDS",
     "SRHT",
     "SketchBounds",
@@ -35,5 +38,6 @@ __all__ = [
     "UniformSampling",
     "bounds",
     "efficiency",
+    "lstsq",
     "make_sketch",
 ]

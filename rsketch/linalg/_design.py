@@ -1,0 +1,69 @@
+"""The design matrix as the iterations see it: products with ``X`` by the cheapest route per format.
+
+A C-contiguous dense ``X`` (float64) goes through the one-pass numba kernels of
+:mod:`rsketch.linalg._kernels` (one streaming read of ``X`` per iteration); other dense layouts
+use two BLAS products (two reads); sparse ``X`` uses SciPy's CSR/CSC products (``O(nnz)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from rsketch.linalg import _kernels
+
+# Right-hand sides up to this many go through the fused kernels; beyond it, blocked BLAS-3
+# (a few thousand rows at a time, so the second read of each block hits cache).
+_FUSED_MAX_K = 4
+_BLOCK_ROWS = 4096
+
+
+class Design:
+    """Wrap ``X`` (validated, float64) with the three products the solvers need."""
+
+    def __init__(self, X):
+        self.X = X
+        self.shape = X.shape
+        self.sparse = sp.issparse(X)
+        self.fused = (not self.sparse) and X.flags.c_contiguous
+        self._chunks = _kernels.n_chunks(X.shape[0])
+
+    def matmul(self, B):
+        """``X @ B`` for ``B`` of shape ``(p, k)``."""
+        return np.asarray(self.X @ B)
+
+    def gram(self, V):
+        """``(X.T @ X @ V, ||X @ V||**2 per column)``; ``V`` of shape ``(p, k)``."""
+        X = self.X
+        k = V.shape[1]
+        if self.fused and k <= _FUSED_MAX_K:
+            return _kernels.gram_apply(X, np.ascontiguousarray(V), self._chunks)
+        if self.fused:
+            out = np.zeros((X.shape[1], k))
+            nrm = np.zeros(k)
+            for a in range(0, X.shape[0], _BLOCK_ROWS):
+                Xb = X[a : a + _BLOCK_ROWS]
+                T = Xb @ V
+                nrm += np.einsum("ij,ij->j", T, T)
+                out += Xb.T @ T
+            return out, nrm
+        T = np.asarray(X @ V)
+        return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
+
+    def residual_gradient(self, Y, B):
+        """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``; ``Y`` ``(n, k)``, ``B`` ``(p, k)``."""
+        X = self.X
+        k = B.shape[1]
+        if self.fused and k <= _FUSED_MAX_K:
+            return _kernels.residual_gradient(X, Y, np.ascontiguousarray(B), self._chunks)
+        if self.fused:
+            out = np.zeros((X.shape[1], k))
+            nrm = np.zeros(k)
+            for a in range(0, X.shape[0], _BLOCK_ROWS):
+                Xb = X[a : a + _BLOCK_ROWS]
+                T = Y[a : a + _BLOCK_ROWS] - Xb @ B
+                nrm += np.einsum("ij,ij->j", T, T)
+                out += Xb.T @ T
+            return out, nrm
+        T = Y - np.asarray(X @ B)
+        return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)

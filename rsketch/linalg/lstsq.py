@@ -1,0 +1,298 @@
+"""``rsketch.lstsq``: one entry point for sketch-and-solve, sketch-and-precondition and IHS."""
+
+from __future__ import annotations
+
+import numbers
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from rsketch._validation import check_finite, check_int, check_operand, check_option
+from rsketch.linalg._design import Design
+from rsketch.linalg.precondition import (
+    default_max_iter,
+    pcg_finish,
+    sketched_factor,
+    warn_not_converged,
+)
+from rsketch.linalg.results import LstsqResult, SolverLog
+from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
+
+METHODS = ("sketch_and_solve", "precondition", "ihs")
+
+# Default sketch size, as a multiple of p (capped at n; never below 2 p).
+SKETCH_FACTOR = {"sketch_and_solve": 20, "precondition": 20, "ihs": 10}
+DEFAULT_TOL = {"precondition": 4 * np.finfo(np.float64).eps, "ihs": 1e-12}
+
+
+def default_sketch_size(method: str, n: int, p: int) -> int:
+    """The documented default ``sketch_size`` for ``method``: ``min(n, c p)``, at least ``2 p``.
+
+    ``c = 20`` for ``"precondition"`` and ``"sketch_and_solve"``, ``10`` for ``"ihs"``. For
+    preconditioning, ``r = 20 p`` gives a CG contraction of about ``sqrt(p / r) = 0.22`` per pass;
+    we measured it fastest at ``n = 500,000, p = 100`` among ``4 p .. 40 p`` (docs/solvers.md). For
+    sketch-and-solve the expected squared-residual ratio is about ``1 + p / (r - p) = 1.05``.
+    IHS draws a new sketch each iteration, so it uses a smaller one.
+
+    Examples
+    --------
+    >>> default_sketch_size("precondition", 100_000, 50)
+    1000
+    >>> default_sketch_size("ihs", 300, 50)
+    300
+    """
+    check_option(method, "method", METHODS)
+    return int(max(2 * p, min(n, SKETCH_FACTOR[method] * p)))
+
+
+def _check_tol(tol, method):
+    if tol is None:
+        return DEFAULT_TOL.get(method, 0.0)
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
+        raise TypeError(f"tol must be a real number, got {type(tol).__name__}")
+    tol = float(tol)
+    if not (0.0 < tol < 1.0):
+        raise ValueError(f"tol must lie in (0, 1), got {tol!r}")
+    return tol
+
+
+def validate_problem(X, y):
+    """Check ``X`` (dense or sparse, ``n >= p``) and ``y`` (``(n,)`` or ``(n, k)``); both finite.
+
+    Returns float64 ``X`` (dense arrays C-contiguous where they were, sparse as CSR), ``Y`` as a
+    C-contiguous ``(n, k)`` float64 array, and whether ``y`` was a vector.
+    """
+    if sp.issparse(X):
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D, got shape {X.shape}")
+        n = X.shape[0]
+    else:
+        if not isinstance(X, np.ndarray):
+            try:
+                X = np.asarray(X)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"X must be an array of real numbers: {exc}") from exc
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
+        n = X.shape[0]
+    X, _ = check_operand(X, n, "X", check_finite_values=False)
+    if sp.issparse(X):
+        X = X.tocsr().astype(np.float64, copy=False)
+    elif X.dtype != np.float64:
+        X = X.astype(np.float64, order="K")
+    n, p = X.shape
+    if n < p:
+        raise ValueError(
+            f"X must have at least as many rows as columns (n >= p) for an overdetermined "
+            f"least-squares problem; got shape {X.shape}"
+        )
+    if not hasattr(y, "shape"):
+        try:
+            y = np.asarray(y)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"y must be an array of real numbers: {exc}") from exc
+    if sp.issparse(y):
+        y = y.toarray()
+    if y.ndim not in (1, 2) or y.shape[0] != n:
+        raise ValueError(f"y must have shape ({n},) or ({n}, k) to match X of shape {X.shape}; got {y.shape}")
+    Y, is_vector = check_operand(y, n, "y")
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    return X, Y, is_vector
+
+
+def resolve_sketch(sketch, n, p, sketch_size, method, seed, X):
+    """The operator to use: a kind name built here, or a given operator checked against ``X``."""
+    if isinstance(sketch, SketchOperator):
+        if sketch.n_rows != n:
+            raise ValueError(f"sketch has n_rows={sketch.n_rows} but X has {n} rows")
+        if sketch_size is not None and check_int(sketch_size, "sketch_size", minimum=1) != sketch.sketch_size:
+            raise ValueError(
+                f"sketch_size={sketch_size} contradicts the given operator's sketch_size={sketch.sketch_size}"
+            )
+        r = sketch.sketch_size
+        S = sketch
+    elif isinstance(sketch, str):
+        if sketch not in SKETCH_KINDS:
+            raise ValueError(
+                f"sketch must be one of {sorted(SKETCH_KINDS)} or a SketchOperator, got {sketch!r}"
+            )
+        r = (
+            default_sketch_size(method, n, p)
+            if sketch_size is None
+            else check_int(sketch_size, "sketch_size")
+        )
+        S = None
+    else:
+        raise TypeError(
+            f"sketch must be a kind name ({sorted(SKETCH_KINDS)}) or a SketchOperator, "
+            f"got {type(sketch).__name__}"
+        )
+    if r < 1:
+        raise ValueError(f"sketch_size must be >= 1, got {r}")
+    if method in ("precondition", "ihs") and r < p:
+        raise ValueError(
+            f"sketch_size must be >= p = {p} for method={method!r} (S X must have full column rank to "
+            f"precondition); got sketch_size={r}"
+        )
+    if S is None:
+        S = build_sketch(sketch, n, r, seed, X)
+    return S, r
+
+
+def build_sketch(kind, n, r, seed, X):
+    """``make_sketch(kind, n, r, seed=seed)``; leverage scores are computed exactly from ``X``."""
+    if kind == "leverage":
+        return make_sketch(kind, n, r, seed=seed, A=X)
+    return make_sketch(kind, n, r, seed=seed)
+
+
+def apply_sketch(S, X, name="X"):
+    """``S @ X``; a NaN/inf found by the operator is reported against ``name``."""
+    try:
+        return S @ X
+    except ValueError:
+        check_finite(X, name)
+        raise
+
+
+def lstsq(
+    X, y, *, sketch="sparse_sign", sketch_size=None, method="precondition", seed=None, tol=None, max_iter=None
+):
+    """Least squares ``min ||X coef - y||`` by sketching.
+
+    Parameters
+    ----------
+    X : array_like or scipy.sparse matrix of shape (n, p), n >= p
+        Dense (any layout; C-contiguous float64 is fastest: one pass per iteration) or sparse.
+        Integer and float32 input is converted to float64.
+    y : array_like of shape (n,) or (n, k)
+        One or ``k`` right-hand sides (solved together; each column has its own iteration).
+    sketch : str or SketchOperator, default "sparse_sign"
+        A kind for :func:`rsketch.make_sketch` (``"gaussian"``, ``"srht"``, ``"countsketch"``,
+        ``"sparse_sign"``, ``"leverage"``, ``"uniform"``), or an operator of shape ``(r, n)``.
+        ``"sparse_sign"`` (8 nonzeros per column) is one cheap pass over ``X`` and embeds as well
+        as a Gaussian at this size. ``"leverage"`` computes exact leverage scores (``O(n p^2)``).
+    sketch_size : int, optional
+        ``r``. Default :func:`default_sketch_size`: ``min(n, 20 p)`` for ``"precondition"`` and
+        ``"sketch_and_solve"``, ``min(n, 10 p)`` for ``"ihs"`` (at least ``2 p``). Must be ``>= p``
+        for ``"precondition"`` and ``"ihs"``.
+    method : {"precondition", "sketch_and_solve", "ihs"}, default "precondition"
+        ``"sketch_and_solve"``: ``argmin ||S (X coef - y)||``, the estimator Raskutti & Mahoney study
+        (one sketch, no pass over ``X`` beyond it and the residual; accuracy ``1 + O(p/r)`` in the
+        squared residual). ``"precondition"``: sketch-and-precondition to the accuracy of a direct
+        solver (see :mod:`rsketch.linalg.precondition`). ``"ihs"``: iterative Hessian sketch
+        (Pilanci & Wainwright 2016), a fresh sketch each iteration (see :mod:`rsketch.linalg.ihs`).
+    seed : None, int, SeedSequence or Generator
+        Randomness of the sketch(es); a fixed int gives the same answer bit for bit.
+    tol : float in (0, 1), optional
+        Iterative methods stop when ``||M.T X.T (y - X coef)|| <= tol ||y||`` per column, ``M`` the
+        preconditioner from the current sketch; this is ``||X (coef - coef_opt)|| / ||y||`` up to the
+        sketch's distortion. Default ``1e-14`` (precondition), ``1e-12`` (IHS). Ignored by
+        sketch-and-solve.
+    max_iter : int, optional
+        Most iterations (passes over ``X``). Default: twice the count the sketch size predicts for a
+        ``1e-16`` reduction, plus 10 (precondition, about 60 at ``r = 20 p``); 100 for IHS.
+
+    Returns
+    -------
+    LstsqResult
+        ``coef``, ``residual_norm``, ``iterations``, ``converged``, ``method``, ``sketch``, ``rank``,
+        ``sketch_size`` and ``log`` (timings of sketch, factorisation, presolve, iterations).
+
+    Raises
+    ------
+    ValueError
+        ``n < p``; NaN or inf in ``X`` or ``y``; mismatched shapes; ``sketch_size < p`` for
+        ``"precondition"``/``"ihs"``; an unknown ``method`` or ``sketch``; ``tol`` outside (0, 1).
+    TypeError
+        Non-numeric or complex input, a non-integer ``sketch_size`` or ``max_iter``.
+
+    Warns
+    -----
+    ConvergenceWarning
+        When an iterative method stops before meeting ``tol``; then ``converged=False``.
+
+    Notes
+    -----
+    Rank-deficient ``X`` gives the minimum-norm solution, and ``rank`` counts the singular values
+    of ``S X`` above ``max(r, p) * eps`` times the largest (NumPy's ``matrix_rank`` rule). With a
+    subspace embedding this is the rank of ``X``.
+
+    References
+    ----------
+    Raskutti & Mahoney, JMLR 17 (2016). Rokhlin & Tygert, PNAS 2008. Avron, Maymounkov & Toledo,
+    SISC 2010 (Blendenpik). Meng, Saunders & Mahoney, SISC 2014 (LSRN). Pilanci & Wainwright, JMLR
+    2016 (IHS). Epperly, Meier & Nakatsukasa, 2024 (forward and backward stability).
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((5000, 20)); y = X @ np.ones(20) + 0.1 * rng.standard_normal(5000)
+    >>> res = rsketch.lstsq(X, y, seed=1)
+    >>> ref = np.linalg.lstsq(X, y, rcond=None)[0]
+    >>> bool(np.allclose(res.coef, ref, rtol=1e-12, atol=1e-12)), res.converged
+    (True, True)
+    >>> sas = rsketch.lstsq(X, y, method="sketch_and_solve", seed=1)
+    >>> 1.0 <= sas.residual_norm / res.residual_norm < 1.1
+    True
+    """
+    t_start = time.perf_counter()
+    check_option(method, "method", METHODS)
+    X, Y, is_vector = validate_problem(X, y)
+    n, p = X.shape
+    tol = _check_tol(tol, method)
+    if max_iter is not None:
+        max_iter = check_int(max_iter, "max_iter", minimum=1)
+    S, r = resolve_sketch(sketch, n, p, sketch_size, method, seed, X)
+    log = SolverLog()
+    if method == "ihs":
+        from rsketch.linalg.ihs import ihs
+
+        coef, iterations, converged, rnorm, rank = ihs(
+            X, Y, S, seed=seed, tol=tol, max_iter=100 if max_iter is None else max_iter, log=log
+        )
+    else:
+        design = Design(X)
+        t0 = time.perf_counter()
+        SX = apply_sketch(S, X)
+        SY = S @ Y
+        t1 = time.perf_counter()
+        M, W, s_values, rank = sketched_factor(SX)
+        t2 = time.perf_counter()
+        coef = M @ (W.T @ SY)
+        t3 = time.perf_counter()
+        log.sketch, log.factor, log.presolve = t1 - t0, t2 - t1, t3 - t2
+        if method == "sketch_and_solve":
+            iterations, converged = 0, True
+            rnorm = _residual_norms(design, Y, coef)
+        else:
+            log.finish = "pcg"
+            if max_iter is None:
+                max_iter = default_max_iter(p, r)
+            coef, iterations, converged, rnorm = pcg_finish(
+                design, Y, coef, M, s_values, rank, tol=tol, max_iter=max_iter, log=log
+            )
+        log.iterate = time.perf_counter() - t3
+    if not converged:
+        warn_not_converged(method, iterations, log.gradient_norms[-1], tol)
+    log.total = time.perf_counter() - t_start
+    if is_vector:
+        coef, rnorm = coef[:, 0], float(rnorm[0])
+    return LstsqResult(
+        coef=coef,
+        residual_norm=rnorm,
+        iterations=iterations,
+        converged=bool(converged),
+        method=method,
+        sketch=S,
+        rank=int(rank),
+        sketch_size=int(r),
+        log=log,
+    )
+
+
+def _residual_norms(design, Y, coef):
+    R = Y - design.matmul(coef)
+    return np.sqrt(np.einsum("ij,ij->j", R, R))

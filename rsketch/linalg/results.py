@@ -1,0 +1,116 @@
+"""The result object of the least-squares solvers (SciPy-style, named fields) and its timing log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class ConvergenceWarning(UserWarning):
+    """An iterative solver stopped at ``max_iter`` before meeting ``tol`` (``converged=False``).
+
+    Examples
+    --------
+    >>> import warnings, rsketch
+    >>> issubclass(rsketch.ConvergenceWarning, UserWarning)
+    True
+    """
+
+
+@dataclass
+class SolverLog:
+    """Where a solver spent its time, in seconds, and how its error went down (as PARLA logs).
+
+    Attributes
+    ----------
+    sketch : float
+        Drawing the sketch and computing ``S @ X`` and ``S @ y`` (all sketches, for IHS).
+    factor : float
+        The small factorisation (SVD of ``S @ X``) that gives the preconditioner.
+    presolve : float
+        The sketch-and-solve warm start.
+    iterate : float
+        The iterations (and the final residual).
+    total : float
+        Wall time of the whole call, validation included.
+    gradient_norms : list of float
+        Per iteration, the largest over columns of ``||M.T X.T (y - X coef)|| / ||y||``, the
+        preconditioned gradient, which tracks ``||X (coef - coef_opt)|| / ||y||`` within the
+        sketch's distortion. The first entry is the warm start's.
+    finish : str
+        The finishing iteration used (``"pcg"``, ``"ihs"`` or ``"none"``).
+
+    Examples
+    --------
+    >>> from rsketch.linalg.results import SolverLog
+    >>> SolverLog(sketch=0.1, total=0.3).sketch
+    0.1
+    """
+
+    sketch: float = 0.0
+    factor: float = 0.0
+    presolve: float = 0.0
+    iterate: float = 0.0
+    total: float = 0.0
+    gradient_norms: list = field(default_factory=list)
+    finish: str = "none"
+
+
+@dataclass
+class LstsqResult:
+    """The result of :func:`rsketch.lstsq`.
+
+    Attributes
+    ----------
+    coef : ndarray of shape (p,) or (p, k)
+        The solution (the minimum-norm one when ``X`` is rank-deficient); the shape follows ``y``.
+    residual_norm : float or ndarray of shape (k,)
+        ``||y - X coef||`` (per column for a matrix ``y``), computed from ``X`` itself.
+    iterations : int
+        Iterations taken (0 for sketch-and-solve). Each costs one pass over ``X`` (and, for
+        IHS, one new sketch).
+    converged : bool
+        Whether the stopping test was met (always True for sketch-and-solve, which is direct).
+    method : str
+        ``"sketch_and_solve"``, ``"precondition"`` or ``"ihs"``.
+    sketch : SketchOperator
+        The operator used (the first one for IHS).
+    rank : int
+        Numerical rank of ``X`` as seen through the sketch (singular values of ``S X`` above
+        ``max(r, p) * eps`` times the largest).
+    sketch_size : int
+        ``r``, the number of rows of the sketch.
+    log : SolverLog
+        Timings (sketch, factorisation, presolve, iterations) and the gradient history.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> X = np.random.default_rng(0).standard_normal((2000, 5))
+    >>> res = rsketch.lstsq(X, X @ np.arange(5.0), seed=0)
+    >>> res.method, res.rank, res.converged
+    ('precondition', 5, True)
+    >>> np.allclose(res.coef, np.arange(5.0))
+    True
+    """
+
+    coef: np.ndarray
+    residual_norm: float | np.ndarray
+    iterations: int
+    converged: bool
+    method: str
+    sketch: object
+    rank: int
+    sketch_size: int
+    log: SolverLog = field(default_factory=SolverLog)
+
+    def __repr__(self) -> str:
+        rn = self.residual_norm
+        rn = f"{rn:.6g}" if np.ndim(rn) == 0 else np.array2string(np.asarray(rn), precision=6)
+        return (
+            f"LstsqResult(method={self.method!r}, coef shape={np.shape(self.coef)}, residual_norm={rn}, "
+            f"iterations={self.iterations}, converged={self.converged}, rank={self.rank}, "
+            f"sketch={type(self.sketch).__name__}(r={self.sketch_size}), "
+            f"time={self.log.total:.3g}s)"
+        )

@@ -152,7 +152,7 @@ def _check_loads_or_value_error(data, tmp_path):
         pass
 
 
-@settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_fuzz_truncated_files(small_file, tmp_path, data):
     raw, _ = small_file
@@ -163,7 +163,7 @@ def test_fuzz_truncated_files(small_file, tmp_path, data):
         load_all(p)
 
 
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_fuzz_mutated_headers(small_file, tmp_path, data):
     """Mutating header/metadata/tensor-info bytes either still gives a valid file or raises ValueError."""
@@ -175,7 +175,7 @@ def test_fuzz_mutated_headers(small_file, tmp_path, data):
     _check_loads_or_value_error(bytes(buf), tmp_path)
 
 
-@settings(max_examples=40, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_fuzz_mutated_lengths(small_file, tmp_path, data):
     """Large values written over any 8-byte-aligned header word: still ValueError, quickly."""
@@ -186,7 +186,7 @@ def test_fuzz_mutated_lengths(small_file, tmp_path, data):
     _check_loads_or_value_error(bytes(buf), tmp_path)
 
 
-@settings(max_examples=30, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_fuzz_mutated_tensor_data(small_file, tmp_path, data):
     raw, header_end = small_file

@@ -3,7 +3,8 @@
 Following Ma, Mahoney & Yu (JMLR 2015, "A statistical perspective on algorithmic leveraging"), whose designs
 Raskutti & Mahoney's study is believed to reuse (unconfirmed, see ``docs/efficiency.md``): rows
 ``x_i ~ N(0, Sigma)`` ("gaussian"), or multivariate t with 3 ("t3") or 1 ("t1") degrees of freedom,
-``x_i = z_i / sqrt(w_i / nu)`` with ``z_i ~ N(0, Sigma)``, ``w_i ~ chi^2_nu``, and ``Sigma_jk = 2 * 0.5^|j - k|``.
+``x_i = z_i / sqrt(w_i / nu)`` with ``z_i ~ N(0, Sigma)``, ``w_i ~ chi^2_nu``, and
+``Sigma_jk = 2 * 0.5^|j - k|``.
 Heavier tails give more non-uniform leverage scores.
 """
 

@@ -382,13 +382,13 @@ def _sampling(kind, n, p, r, delta, ell, options):
     )
     # The paper's shapes (constants unknown: set to 1).
     if kind == "leverage" and ell_eff is not None:
-        pos = ell_eff > 0
+        # ||S^T S|| ~ 1 / (r min_i pi_i): p / (r min_i l_i) for pure leverage sampling (pi = l / p).
         out.append(
             Bound(
                 "pe",
                 "upper",
-                p / (r * float(ell_eff[pos].min())),
-                "C p / (r min_i l_i)",
+                1.0 / (r * float(pi.min())),
+                "C / (r min_i pi_i)  [= C p/(r min l) for pi = l/p]",
                 PAPER_SHAPE,
                 None,
                 False,

@@ -111,8 +111,13 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     return np.ascontiguousarray(out_t.T)  # [N, V]
 
 
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+def _swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    # silu(gate) * up = gate / (1 + exp(-gate)) * up, in one temporary
+    e = np.exp(-gate)
+    e += 1.0
+    np.divide(gate, e, out=e)
+    e *= up
+    return e
 
 
 class Model:
@@ -324,8 +329,8 @@ class Model:
         for li, L in enumerate(self.layers):
             h = _rmsnorm(x, L.attn_norm, eps)  # [T, d]
             qkv = h @ L.wqkv  # [T, (H + 2Hkv) D]
-            q = _rope(qkv[:, : H * D].reshape(T, H, D), cos, sin)  # [T, H, D]
-            k = _rope(qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D), cos, sin)  # [T, Hkv, D]
+            qk = _rope(qkv[:, : (H + Hkv) * D].reshape(T, H + Hkv, D), cos, sin)  # [T, H + Hkv, D]
+            q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D]
             v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
             cache.write(li, slots, k, v)
             o = attend(q, cache, li, plan)  # [T, H, D]
@@ -333,7 +338,7 @@ class Model:
             h = _rmsnorm(x, L.ffn_norm, eps)
             gu = h @ L.w_gate_up  # [T, 2F]
             F = gu.shape[1] // 2
-            x = x + (_silu(gu[:, :F]) * gu[:, F:]) @ L.w_down  # [T, d]
+            x = x + _swiglu(gu[:, :F], gu[:, F:]) @ L.w_down  # [T, d]
         cache.advance(seq_ids, counts)
 
         if logits is None:

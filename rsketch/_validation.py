@@ -72,14 +72,15 @@ def _float_dtype_for_namespace(A, name: str) -> np.dtype:
     raise TypeError(f"{name} must be a numeric (real) array; got dtype {A.dtype}")
 
 
-def check_operand(A, n_rows: int, name: str = "A", *, check_finite_values: bool = True):
+def check_operand(A, n_rows: int | None, name: str = "A", *, check_finite_values: bool = True):
     """Validate the right-hand operand of ``S @ A``.
 
     Returns ``(A2, is_vector)`` where ``A2`` is a 2-D float32/float64 NumPy array or a CSR/CSC
-    matrix with finite entries and ``n_rows`` rows (vectors become one column). Integer input is
-    converted to float64. Arrays of other namespaces (CuPy, ...) are checked the same way and
-    returned in their own namespace. ``check_finite_values=False`` skips the NaN/inf scan (a full
-    pass over A) for callers that check their output instead (see ``SketchOperator.__matmul__``).
+    matrix with ``n_rows`` rows (any number if None); a vector becomes one column and integer
+    input becomes float64. Arrays of other namespaces (CuPy, ...) are checked the same way and
+    returned in their own namespace. NaN/inf raise ``ValueError`` unless
+    ``check_finite_values=False``, which skips that full pass over A for callers that check
+    their (small) output instead (see ``SketchOperator.__matmul__``).
     """
     if sp.issparse(A):
         if A.format not in _SPARSE_OK:
@@ -87,7 +88,7 @@ def check_operand(A, n_rows: int, name: str = "A", *, check_finite_values: bool 
         if A.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got a sparse array with {A.ndim} dimensions")
         dt = _float_dtype_for(A.dtype, name)
-        if A.shape[0] != n_rows:
+        if n_rows is not None and A.shape[0] != n_rows:
             raise ValueError(f"{name} must have {n_rows} rows (the sketch's n_rows), got shape {A.shape}")
         if A.shape[1] == 0 or A.shape[0] == 0:
             raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
@@ -107,7 +108,7 @@ def check_operand(A, n_rows: int, name: str = "A", *, check_finite_values: bool 
         dt = _float_dtype_for_namespace(A, name)
     if A.ndim not in (1, 2):
         raise ValueError(f"{name} must be 1-D or 2-D, got {A.ndim} dimensions (shape {A.shape})")
-    if A.shape[0] != n_rows:
+    if n_rows is not None and A.shape[0] != n_rows:
         raise ValueError(f"{name} must have {n_rows} rows (the sketch's n_rows), got shape {A.shape}")
     if 0 in A.shape:
         raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")

@@ -13,10 +13,11 @@ from rsketch._random import (
     STREAM_SELECT,
     bounded64_from_words,
     derive_key,
+    key_from_seed,
     random_words,
     select_without_replacement,
 )
-from rsketch._validation import check_operand
+from rsketch._validation import check_operand, check_option
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
 
@@ -246,11 +247,8 @@ class LeverageSampling(_RowSampling):
         >>> S.scores.shape
         (2000,)
         """
-        from rsketch._random import key_from_seed
-        from rsketch._validation import check_option
-
         check_option(method, "method", {"exact", "approx"})
-        A2, _ = check_operand(A, A.shape[0] if hasattr(A, "shape") and len(A.shape) else -1, "A")
+        A2, _ = check_operand(A, None, "A")
         key = key_from_seed(seed)
         scores = exact_leverage(A2) if method == "exact" else approximate_leverage(A2, key)
         return cls(

@@ -7,6 +7,7 @@ with date, CPU model, thread count and BLAS, to ``benchmarks/RESULTS.md``.
 
 # name -> module path. Modules are imported lazily so one area's missing extra does not stop the rest.
 AREAS = {
+    "efficiency": "benchmarks.efficiency",
     "operators": "benchmarks.operators",
     "decoding": "benchmarks.decoding_engine",
 }

@@ -148,7 +148,13 @@ def run(quick: bool = False) -> Report:
         for B in (1, 8) if quick else (1, 4, 8, 16):
             decode[B] = _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)
             report.rows.append(_decode_row("ours", B, ctx, n_steps, decode[B]))
-    if (os.cpu_count() or 1) >= 2:  # for information: both cores to BLAS (see decoding._threads)
+    if (os.cpu_count() or 1) >= 2:  # for information: the second core used two other ways
+        with blas_threads():
+            model.prefetch = True  # a helper thread streams the next layer's weights into cache
+            for B in (1, 8):
+                r = _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)
+                report.rows.append(_decode_row("ours + prefetch thread", B, ctx, n_steps, r))
+            model.prefetch = False
         with blas_threads(2):
             for B in (1, 8):
                 r = _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)

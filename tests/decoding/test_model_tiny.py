@@ -262,3 +262,15 @@ def test_grouped_attention_equals_per_sequence_loop(key_valid):
         a = packed_attention(q, cache, 0, np.array(seq_ids), cu, old, valid, grouped=True)
         b = packed_attention(q, cache, 0, np.array(seq_ids), cu, old, valid, grouped=False)
         assert np.max(np.abs(a - b)) < 1e-12
+
+
+def test_prefetch_thread_changes_nothing(model, seqs):
+    toks = seqs[2]
+    ref = run_alone(model, toks, chunks=[20, 1, 10])
+    model.prefetch = True
+    try:
+        got = run_alone(model, toks, chunks=[20, 1, 10])
+    finally:
+        model.prefetch = False
+    assert model._prefetcher is not None and model._prefetcher._thread.is_alive()
+    np.testing.assert_array_equal(got, ref)

@@ -121,6 +121,11 @@ def generate(
     stop=None,
     seed=None,
     stream=None,
+    method: str = "autoregressive",
+    drafter="llma",
+    max_draft: int = 7,
+    references=None,
+    draft_budget="auto",
 ) -> GenerationResult:
     """Generate continuations of a batch of prompts.
 
@@ -145,6 +150,20 @@ def generate(
         Seed of the sampler (ignored when greedy).
     stream : callable, optional
         ``stream(i, text)`` receives each new piece of the text of prompt ``i`` as it is generated.
+    method : {"autoregressive", "ems", "vanilla"}, default "autoregressive"
+        ``"ems"``: multi-sample speculative decoding without padding (EMS-SD); ``"vanilla"``: the
+        padded baseline (same tokens, more computation); see :mod:`decoding.speculative`.
+    drafter : {"llma", "prompt_lookup", "draft_model"} or Drafter, default "llma"
+        Who proposes the drafts (speculative methods only); ``"draft_model"`` is the target
+        truncated to a quarter of its layers; see :mod:`decoding.drafters`.
+    max_draft : int, default 7
+        At most this many draft tokens per sample and step (the LLMA paper's copy length).
+    references : list of str or of token-id lists, optional
+        One reference text per prompt for the LLMA drafter (default: the prompt itself).
+    draft_budget : "auto", None, DraftBudget or CostModel, default "auto"
+        ``"auto"`` caps the draft tokens per step with this machine's measured cost per forward
+        (:mod:`decoding.cost_model`; measured once, then cached) so that speculation does not run
+        slower than autoregressive decoding; None verifies every draft (the paper's behaviour).
 
     Returns
     -------
@@ -184,6 +203,29 @@ def generate(
             )
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     eos = [e for e in (tokenizer.eos_id, getattr(tokenizer, "eot_id", None)) if e is not None]
+    if method not in ("autoregressive", "ems", "vanilla"):
+        raise ValueError(f"method must be 'autoregressive', 'ems' or 'vanilla', got {method!r}")
+    if method != "autoregressive":
+        from .speculative import prepare_speculative, speculative_generate
+
+        with blas_threads():
+            spec = prepare_speculative(
+                model, tokenizer, ids, drafter=drafter, max_draft=max_draft, references=references,
+                draft_budget=draft_budget, max_new_tokens=int(max_new_tokens),
+            )  # fmt: skip
+            return speculative_generate(
+                model,
+                tokenizer,
+                ids,
+                max_new_tokens=int(max_new_tokens),
+                sampling=sampling,
+                stop=list(stop),
+                rng=rng,
+                stream=stream,
+                eos_ids=eos,
+                layout=method,
+                **spec,
+            )
     with blas_threads():
         return autoregressive_generate(
             model,

@@ -1,0 +1,253 @@
+"""The draft budget: a measured cost per forward against tokens per forward, and the rule that uses it.
+
+On a GPU a forward of 1 or 64 tokens costs about the same (the weights are read once either way),
+which is why speculative decoding pays. On a CPU the matrix products become compute-bound after
+a few tokens, so verifying many drafts for many samples can cost more than the tokens it saves.
+:class:`CostModel` measures seconds per target forward for ``T`` packed tokens once per machine
+and model shape (cached as JSON), and :class:`DraftBudget` chooses, each step, how many draft
+tokens to verify so that the expected rate (tokens per second) is the best available, and never
+below the autoregressive rate the same cost model predicts: at worst it drafts nothing.
+
+The rule (see :meth:`DraftBudget.allocate`): sample ``i`` accepts each next draft token with an
+estimated probability ``alpha_i`` (a running estimate of its own acceptance), so its ``j``-th draft
+token adds ``alpha_i ** j`` expected tokens. Sorting all candidate draft tokens by that value and
+taking the best ``N`` (prefixes of each draft, so the least promising tails go first), the rate is
+``(B + sum of the N values) / (cost(B + N tokens) + drafting cost)``; ``N = 0`` is exactly the
+autoregressive step, and the budget picks the ``N`` with the highest rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CostModel", "DraftBudget", "cost_cache_dir"]
+
+
+def cost_cache_dir() -> Path:
+    """``$DECODING_CACHE_DIR`` or ``~/.cache/decoding``: where measured cost models are kept."""
+    return Path(os.environ.get("DECODING_CACHE_DIR", Path.home() / ".cache" / "decoding"))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds of one forward as a function of its packed tokens (and of its sequences).
+
+    ``cost(T, B) = interp(T) + (B - 1) * per_sequence``, with ``interp`` the piecewise-linear
+    interpolation of the measured ``seconds`` at ``tokens`` (made non-decreasing; linear
+    extrapolation beyond the last point) and ``per_sequence`` the measured extra cost of each
+    further sequence in a forward (attention and bookkeeping per sequence).
+
+    Examples
+    --------
+    >>> cm = CostModel(tokens=(1, 8, 64), seconds=(0.01, 0.012, 0.05))
+    >>> round(cm.cost(4), 5), round(cm.cost(128), 5)
+    (0.01086, 0.09343)
+    """
+
+    tokens: tuple
+    seconds: tuple
+    per_sequence: float = 0.0
+
+    def __post_init__(self):
+        t = np.asarray(self.tokens, dtype=float)
+        s = np.asarray(self.seconds, dtype=float)
+        if t.ndim != 1 or t.size < 2 or t.size != s.size or (np.diff(t) <= 0).any() or t[0] < 1:
+            raise ValueError("tokens must be >= 2 increasing counts from 1 up, with one seconds value each")
+        if not np.isfinite(s).all() or (s <= 0).any():
+            raise ValueError("seconds must be positive")
+        object.__setattr__(self, "tokens", tuple(float(x) for x in t))
+        object.__setattr__(self, "seconds", tuple(float(x) for x in np.maximum.accumulate(s)))
+
+    def cost(self, n_tokens, n_seqs=1):
+        """Predicted seconds of a forward of ``n_tokens`` packed tokens in ``n_seqs`` sequences."""
+        t = np.asarray(self.tokens)
+        s = np.asarray(self.seconds)
+        n = np.asarray(n_tokens, dtype=float)
+        slope = (s[-1] - s[-2]) / (t[-1] - t[-2])
+        out = np.where(n <= t[-1], np.interp(n, t, s), s[-1] + slope * (n - t[-1]))
+        out = out + np.maximum(np.asarray(n_seqs, dtype=float) - 1, 0) * self.per_sequence
+        return float(out) if out.ndim == 0 else out
+
+    # -- measurement ------------------------------------------------------------------------------
+    @classmethod
+    def measure(cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=5) -> CostModel:
+        """Time ``model.forward`` (logits for every token) for each token count in ``grid``.
+
+        One sequence holding ``context`` tokens receives ``T`` new ones (then rolled back); the
+        median of ``repeats`` runs is kept. ``per_sequence``: (forward of 16 sequences of one
+        token) minus (one sequence of 16 tokens), over 15.
+        """
+        from ._threads import blas_threads
+
+        V = model.config.vocab_size
+        rng = np.random.default_rng(0)
+        nseq = 16
+        with blas_threads():
+            cache = model.new_cache(max_seqs=nseq, capacity=context + max(grid) + 1)
+            seqs = np.array([cache.allocate() for _ in range(nseq)])
+            prompt = rng.integers(0, V, size=context)
+            model.forward(
+                np.tile(prompt, nseq),
+                cache=cache,
+                seq_ids=seqs,
+                cu_seqlens=np.arange(nseq + 1) * context,
+                logits=None,
+            )
+
+            def timed(tokens, ids, cu):
+                ts = []
+                for _ in range(repeats + 1):
+                    t0 = time.perf_counter()
+                    model.forward(tokens, cache=cache, seq_ids=ids, cu_seqlens=cu, logits="all")
+                    ts.append(time.perf_counter() - t0)
+                    for s in ids:
+                        cache.truncate(int(s), context)
+                return float(np.median(ts[1:]))
+
+            secs = [timed(rng.integers(0, V, size=T), seqs[:1], np.array([0, T])) for T in grid]
+            one_seq = timed(rng.integers(0, V, size=nseq), seqs[:1], np.array([0, nseq]))
+            many = timed(rng.integers(0, V, size=nseq), seqs, np.arange(nseq + 1))
+        per_seq = max(0.0, (many - one_seq) / (nseq - 1))
+        return cls(tuple(grid), tuple(secs), per_seq)
+
+    @classmethod
+    def for_model(cls, model, *, refresh: bool = False, cache_dir=None) -> CostModel:
+        """The cached cost model of ``model`` on this machine, measured (about 10-30 s) when absent.
+
+        The cache key: CPU model, logical CPUs, BLAS thread setting, and the model's shape and
+        dtype (layers, width, heads, vocabulary).
+        """
+        cfg = model.config
+        key = json.dumps(
+            [
+                _cpu_name(),
+                os.cpu_count(),
+                os.environ.get("DECODING_BLAS_THREADS", "1"),
+                model.n_layers,
+                cfg.d_model,
+                cfg.n_heads,
+                cfg.n_kv_heads,
+                cfg.d_ff,
+                cfg.vocab_size,
+                str(model.dtype),
+            ]
+        )
+        h = hashlib.sha256(key.encode()).hexdigest()[:16]
+        path = Path(cache_dir or cost_cache_dir()) / f"cost-{h}.json"
+        if not refresh and path.is_file():
+            try:
+                d = json.loads(path.read_text())
+                return cls(tuple(d["tokens"]), tuple(d["seconds"]), float(d["per_sequence"]))
+            except (ValueError, KeyError, TypeError):
+                pass  # a damaged cache file is measured again
+        cm = cls.measure(model)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            d = {"key": key, "tokens": cm.tokens, "seconds": cm.seconds, "per_sequence": cm.per_sequence}
+            path.write_text(json.dumps(d))
+        except OSError:
+            pass  # an unwritable cache directory only costs a new measurement next time
+        return cm
+
+
+class DraftBudget:
+    """Caps the draft tokens verified per step using a :class:`CostModel` (see the module docstring).
+
+    Parameters
+    ----------
+    target_cost : CostModel
+        Cost of a target forward.
+    draft_cost : CostModel, optional
+        Cost of a draft-model forward (for drafters that run a model); drafting is otherwise free.
+    prior : float
+        Acceptance probability assumed before a sample has any history (pseudo-counts: 2).
+
+    Examples
+    --------
+    A flat cost (GPU-like) verifies every draft; a steep one (compute-bound) verifies none:
+
+    >>> flat = DraftBudget(CostModel((1, 64), (0.010, 0.011)))
+    >>> flat.allocate(np.array([0.8, 0.8]), np.array([7, 7])).tolist()
+    [7, 7]
+    >>> steep = DraftBudget(CostModel((1, 64), (0.010, 0.640)))
+    >>> steep.allocate(np.array([0.8, 0.8]), np.array([7, 7])).tolist()
+    [0, 0]
+    """
+
+    def __init__(self, target_cost: CostModel, draft_cost: CostModel | None = None, prior: float = 0.5):
+        if not 0.0 < prior < 1.0:
+            raise ValueError(f"prior must be in (0, 1), got {prior}")
+        self.target_cost, self.draft_cost, self.prior = target_cost, draft_cost, float(prior)
+
+    def alphas(self, accepted: np.ndarray, rejected: np.ndarray) -> np.ndarray:
+        """Per-sample acceptance estimates from accepted draft tokens and rejection events.
+
+        ``(accepted + 2 g) / (accepted + rejected + 2)``, where ``g`` is the pooled estimate of
+        the whole batch (itself shrunk toward ``prior``): the maximum-likelihood estimate of a
+        geometric acceptance length with two pseudo-observations.
+        """
+        a = np.asarray(accepted, dtype=float)
+        r = np.asarray(rejected, dtype=float)
+        g = (a.sum() + 2 * self.prior) / (a.sum() + r.sum() + 2)
+        return np.clip((a + 2 * g) / (a + r + 2), 1e-6, 1 - 1e-6)
+
+    def allocate(self, alphas, lengths, *, padded: bool = False, include_draft_cost: bool = False):
+        """Draft lengths (``<= lengths``) that maximise expected tokens per second for this step.
+
+        Parameters
+        ----------
+        alphas : float array [B]
+            Estimated per-token acceptance probability of each sample.
+        lengths : int array [B]
+            Draft tokens available (proposed, or the most a drafter could propose).
+        padded : bool
+            Cost the forward as the padded layout does: ``B * (1 + longest draft)`` tokens.
+        include_draft_cost : bool
+            Add the draft model's cost (one forward per draft step over the drafting samples).
+        """
+        alphas = np.asarray(alphas, dtype=float)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        B = alphas.size
+        if B == 0 or lengths.sum() == 0:
+            return np.zeros(B, dtype=np.int64)
+        # candidates: (value, sample, j) for j = 1..lengths[i]; values decrease in j within a sample
+        samp = np.repeat(np.arange(B), lengths)
+        j = np.concatenate([np.arange(1, n + 1) for n in lengths])
+        val = alphas[samp] ** j
+        order = np.lexsort((j, -val))
+        samp, j, val = samp[order], j[order], val[order]
+        gain = B + np.concatenate([[0.0], np.cumsum(val)])  # expected tokens with the first N candidates
+        N = np.arange(gain.size)
+        longest = np.concatenate([[0], np.maximum.accumulate(j)])  # longest draft among the first N
+        drafting = np.concatenate([[0], np.cumsum(j == 1)])  # samples with a draft among the first N
+        if padded:
+            cost = self.target_cost.cost(B * (1 + longest), B)
+        else:
+            cost = self.target_cost.cost(B + N, B)
+        if include_draft_cost and self.draft_cost is not None:
+            dc = np.array([self.draft_cost.cost(max(n, 1), max(n, 1)) for n in drafting])
+            cost = cost + np.where(N > 0, longest * dc, 0.0)
+        rate = gain / cost
+        best = int(np.argmax(rate))  # ties: the fewest draft tokens
+        out = np.zeros(B, dtype=np.int64)
+        np.add.at(out, samp[:best], 1)
+        return out

@@ -7,12 +7,13 @@ import struct
 import gguf
 import numpy as np
 import pytest
-from conftest import write_tiny_llama
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoding import LlamaConfig, Model, Tokenizer
 from decoding.gguf import dequantize, read_gguf
+
+from .tiny_llama import write_tiny_llama
 
 Q = gguf.GGMLQuantizationType
 

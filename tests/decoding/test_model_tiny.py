@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from decoding_reference import reference_logits
 
 from decoding import KVCache, Model, PackedBatch
+
+from .decoding_reference import reference_logits
 
 TOL = 1e-10
 

@@ -35,6 +35,7 @@ parity: $(STAMP)
 	@if [ ! -x .venv-parity/bin/python ]; then \
 	  if command -v cc >/dev/null 2>&1 && command -v cmake >/dev/null 2>&1; then \
 	    $(PYTHON) -m venv .venv-parity && .venv-parity/bin/python -m pip install -q numpy && \
+	    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
 	    CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-parity/bin/python -m pip install -q --no-binary llama-cpp-python \
 	      llama-cpp-python || { rm -rf .venv-parity; echo "parity: llama-cpp-python failed to build; skipped"; }; \
 	  else echo "parity: no C compiler or CMake; skipped"; fi; fi

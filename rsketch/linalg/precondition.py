@@ -34,9 +34,20 @@ import warnings
 
 import numpy as np
 import scipy.linalg
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from rsketch.linalg.results import ConvergenceWarning
+
+_CONTROLLER = None
+
+
+def _one_blas_thread():
+    """A context with one BLAS thread (the controller is built once: building it scans libraries)."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=1, user_api="blas")
+
 
 # Relative singular-value cutoff: max(r, p) * eps, as numpy.linalg.matrix_rank.
 _EPS = np.finfo(np.float64).eps
@@ -69,7 +80,7 @@ def sketched_factor(SX):
     # Small dense factorisations run on one BLAS thread: with threads they are slower (we measured a
     # 2000 x 100 SVD at 0.04 s on one thread and 0.36 s on two of a shared machine). QR first, then
     # the SVD of the p x p factor R (cheaper than the SVD of S X itself).
-    with threadpool_limits(1, user_api="blas"):
+    with _one_blas_thread():
         if SX.shape[0] > SX.shape[1]:
             Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)
             Ur, s, Vt = scipy.linalg.svd(R, check_finite=False, lapack_driver="gesdd")
@@ -156,6 +167,7 @@ def pcg_finish(design, Y, coef, M, s_values, rank, *, tol, max_iter, log):
     iterations = 0
     best = np.full(k, np.inf)
     kappa = s_values[0] / s_values[rank - 1] if rank else 1.0
+    stalled = np.zeros(k, dtype=bool)
     while True:
         g, rn2 = design.residual_gradient(Y, coef)  # true gradient X.T r: one pass
         s = M.T @ g  # (rank, k)
@@ -163,14 +175,17 @@ def pcg_finish(design, Y, coef, M, s_values, rank, *, tol, max_iter, log):
         worst = np.maximum(gnorm, snorm)
         log.gradient_norms.append(float(worst.max()) if k else 0.0)
         active = worst > tol
-        stalled = active & (worst > 0.1 * best)
-        if not active.any() or iterations >= max_iter or stalled.any():
+        # A column whose round gained less than tenfold has met rounding: it stays frozen.
+        stalled |= active & (worst > 0.1 * best)
+        running = active & ~stalled
+        if not running.any() or iterations >= max_iter:
             gfloor, sfloor = rounding_floor(s_values, rank, coef, ynorm, np.sqrt(rn2), p)
-            at_floor = stalled & (gnorm <= np.maximum(gfloor, tol)) & (snorm <= np.maximum(sfloor, tol))
-            converged = bool((~active | at_floor).all())
+            at_floor = (gnorm <= np.maximum(gfloor, tol)) & (snorm <= np.maximum(sfloor, tol))
+            converged = bool((~active | (stalled & at_floor)).all())
             return coef, iterations, converged, np.sqrt(rn2)
         first = np.isinf(best).all()
         best = np.minimum(best, worst)
+        active = running
         # Applying X M in floating point is exact only to about eps * kappa relative, so a round
         # cannot gain more than that factor on the true measures: stop the inner CG there and let
         # the next round (a fresh true gradient) take the rest.

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._xp import namespace
+
 __all__ = ["AttentionPlan", "attend", "packed_attention"]
 
 _NEG = -1e30  # finite, so a row with every key hidden stays finite (its output is then ignored)
@@ -24,7 +26,7 @@ _NEG = -1e30  # finite, so a row with every key hidden stays finite (its output 
 
 def _softmax_(s: np.ndarray) -> np.ndarray:
     s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
+    namespace(s).exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
     return s
 
@@ -47,6 +49,7 @@ class AttentionPlan:
 
     @classmethod
     def build(cls, cache, seq_ids, cu_seqlens, old_lengths, key_valid=None, *, grouped=True, dtype=None):
+        xp = getattr(cache, "xp", np)  # masks are built on the host, used where the cache lives
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
         cu = np.asarray(cu_seqlens, dtype=np.int64)
         old = np.asarray(old_lengths, dtype=np.int64)
@@ -62,7 +65,13 @@ class AttentionPlan:
             allowed = np.arange(S)[None, None, :] <= (old[:, None] + np.arange(n)[None, :])[:, :, None]
             if key_valid is not None:
                 allowed = allowed & key_valid[seq_ids, :S][:, None, :]  # [B, n, S]
-            bias = None if allowed.all() else np.where(allowed, 0.0, _NEG).astype(dtype)[None, :, None]
+            bias = (
+                None
+                if allowed.all()
+                else xp.asarray(np.where(allowed, 0.0, _NEG).astype(dtype)[None, :, None])
+            )
+            if not isinstance(sel, slice):
+                sel = xp.asarray(sel)
             return cls((sel, n, S, bias), [], dtype)
         pieces = []
         for b in range(B):
@@ -78,7 +87,7 @@ class AttentionPlan:
                 if key_valid is not None:
                     allowed = allowed & key_valid[s, :S][None, :]
                 if not allowed.all():
-                    bias = np.where(allowed, 0.0, _NEG).astype(dtype)
+                    bias = xp.asarray(np.where(allowed, 0.0, _NEG).astype(dtype))
             pieces.append((a, e, int(cache.starts[s]), S, bias))
         return cls(None, pieces, dtype)
 
@@ -88,7 +97,7 @@ def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
     T, H, D = q.shape
     Hkv = cache.n_kv_heads
     G = H // Hkv
-    scale = 1.0 / np.sqrt(D)
+    scale = 1.0 / float(np.sqrt(D))
     if plan.uniform is not None:
         sel, n, S, bias = plan.uniform
         cap = cache.capacity
@@ -108,7 +117,7 @@ def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
         ob = p @ vb  # [Hkv, B, G * n, D]
         return ob.reshape(Hkv, B, G, n, D).transpose(1, 3, 0, 2, 4).reshape(T, H, D)
 
-    out = np.zeros_like(q)
+    out = namespace(q).zeros_like(q)
     kbuf, vbuf = cache.k[layer], cache.v[layer]  # [Hkv, slots, D]
     for a, e, start, S, bias in plan.pieces:
         n = e - a

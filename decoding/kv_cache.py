@@ -48,7 +48,7 @@ class KVCache:
     1
     """
 
-    def __init__(self, n_layers, n_kv_heads, head_dim, *, max_seqs, capacity, dtype=np.float32):
+    def __init__(self, n_layers, n_kv_heads, head_dim, *, max_seqs, capacity, dtype=np.float32, xp=np):
         for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             if int(v) <= 0:
                 raise ValueError(f"{name} must be positive, got {v}")
@@ -59,14 +59,15 @@ class KVCache:
         self.n_layers, self.n_kv_heads, self.head_dim = int(n_layers), int(n_kv_heads), int(head_dim)
         self.max_seqs, self.capacity = int(max_seqs), int(capacity)
         shape = (self.n_layers, self.n_kv_heads, self.max_seqs * self.capacity, self.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)  # [n_layers, n_kv_heads, slots, head_dim]
-        self.v = np.zeros(shape, dtype=dtype)
+        self.xp = xp  # numpy, or cupy for buffers on a GPU (lengths and starts stay on the host)
+        self.k = xp.zeros(shape, dtype=dtype)  # [n_layers, n_kv_heads, slots, head_dim]
+        self.v = xp.zeros(shape, dtype=dtype)
         self.starts = np.arange(self.max_seqs, dtype=np.int64) * self.capacity  # [max_seqs]
         self.lengths = np.zeros(self.max_seqs, dtype=np.int64)  # [max_seqs]
         self.in_use = np.zeros(self.max_seqs, dtype=bool)
 
     @classmethod
-    def for_model(cls, model, *, max_seqs, capacity, dtype=None) -> KVCache:
+    def for_model(cls, model, *, max_seqs, capacity, dtype=None, xp=None) -> KVCache:
         """A cache shaped for ``model`` (its layers, KV heads, head size and dtype)."""
         cfg = model.config
         return cls(
@@ -76,6 +77,7 @@ class KVCache:
             max_seqs=max_seqs,
             capacity=capacity,
             dtype=model.dtype if dtype is None else dtype,
+            xp=getattr(model, "xp", np) if xp is None else xp,
         )
 
     @property
@@ -152,13 +154,14 @@ class KVCache:
     def append(self, seq: int, k: np.ndarray, v: np.ndarray) -> None:
         """Append ``k``, ``v`` of shape ``[n_layers, n, n_kv_heads, head_dim]`` to sequence ``seq``."""
         self._check_seq(seq)
-        k = np.asarray(k)
-        expect = (self.n_layers, k.shape[1] if k.ndim == 4 else -1, self.n_kv_heads, self.head_dim)
-        if k.shape != expect or np.shape(v) != expect:
-            raise ValueError(f"k and v must have shape {expect}, got {k.shape} and {np.shape(v)}")
-        slots = self.prepare(np.array([seq]), np.array([k.shape[1]]))
+        kshape, vshape = tuple(k.shape), tuple(v.shape)
+        expect = (self.n_layers, kshape[1] if len(kshape) == 4 else -1, self.n_kv_heads, self.head_dim)
+        if kshape != expect or vshape != expect:
+            raise ValueError(f"k and v must have shape {expect}, got {kshape} and {vshape}")
+        slots = self.xp.asarray(self.prepare(np.array([seq]), np.array([k.shape[1]])))
+        k, v = self.xp.asarray(k), self.xp.asarray(v)
         for layer in range(self.n_layers):
-            self.write(layer, slots, k[layer], np.asarray(v)[layer])
+            self.write(layer, slots, k[layer], v[layer])
         self.advance(np.array([seq]), np.array([k.shape[1]]))
 
     def keys(self, layer: int, seq: int, length: int | None = None):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._xp import namespace
 from .attention import AttentionPlan, attend
 from .config import LlamaConfig
 from .gguf import GGUFFile, read_gguf
@@ -82,8 +83,9 @@ class PackedBatch:
 
 def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     # x: [T, d]
-    ms = np.einsum("td,td->t", x, x)[:, None] / x.shape[-1]  # [T, 1]
-    return x * (w / np.sqrt(ms + eps))
+    xp = namespace(x)
+    ms = xp.einsum("td,td->t", x, x)[:, None] / x.shape[-1]  # [T, 1]
+    return x * (w / xp.sqrt(ms + eps))
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -91,7 +93,7 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     T, nh, D = x.shape
     xp = x.reshape(T, nh, D // 2, 2)
     x0, x1 = xp[..., 0], xp[..., 1]  # [T, heads, D/2]
-    out = np.empty_like(xp)
+    out = namespace(x).empty_like(xp)
     out[..., 0] = x0 * cos - x1 * sin
     out[..., 1] = x0 * sin + x1 * cos
     return out.reshape(T, nh, D)
@@ -107,18 +109,20 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     N = h.shape[0]
     if N <= 1 or N > 64:
         return h @ w.T
-    ht = np.ascontiguousarray(h.T)  # [d, N]
-    out_t = np.empty((w.shape[0], N), dtype=np.result_type(h, w))  # [V, N]
+    xp = namespace(h)
+    ht = xp.ascontiguousarray(h.T)  # [d, N]
+    out_t = xp.empty((w.shape[0], N), dtype=xp.result_type(h, w))  # [V, N]
     for a in range(0, w.shape[0], chunk):
-        np.matmul(w[a : a + chunk], ht, out=out_t[a : a + chunk])
-    return np.ascontiguousarray(out_t.T)  # [N, V]
+        xp.matmul(w[a : a + chunk], ht, out=out_t[a : a + chunk])
+    return xp.ascontiguousarray(out_t.T)  # [N, V]
 
 
 def _swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     # silu(gate) * up = gate / (1 + exp(-gate)) * up, in one temporary
-    e = np.exp(-gate)
+    xp = namespace(gate)
+    e = xp.exp(-gate)
     e += 1.0
-    np.divide(gate, e, out=e)
+    xp.divide(gate, e, out=e)
     e *= up
     return e
 
@@ -184,6 +188,7 @@ class Model:
         self.out_norm = out_norm  # [d]
         self._output = output  # [V, d] or None when tied to tok_embd
         self.dtype = np.dtype(dtype)
+        self.xp = namespace(tok_embd)  # numpy, or cupy when the weights live on a GPU
         D = config.head_dim
         self._inv_freq = config.rope_theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # [D/2]
         #: stream the next layer's weights into cache from a helper thread (``DECODING_PREFETCH=1``
@@ -281,7 +286,7 @@ class Model:
 
     def new_cache(self, *, max_seqs: int, capacity: int) -> KVCache:
         """A :class:`KVCache` for this model with ``max_seqs`` regions of ``capacity`` slots."""
-        return KVCache.for_model(self, max_seqs=max_seqs, capacity=capacity)
+        return KVCache.for_model(self, max_seqs=max_seqs, capacity=capacity, xp=self.xp)
 
     # -- forward ------------------------------------------------------------------------------
     def forward(
@@ -364,18 +369,20 @@ class Model:
             raise ValueError(f"positions must have {T} entries, got {positions.size}")
 
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        ang = positions[:, None] * self._inv_freq[None, :]  # [T, D/2]
-        cos = np.cos(ang).astype(self.dtype)[:, None, :]  # [T, 1, D/2]
-        sin = np.sin(ang).astype(self.dtype)[:, None, :]
+        xp = self.xp
+        ang = positions[:, None] * self._inv_freq[None, :]  # [T, D/2] (host, float64)
+        cos = xp.asarray(np.cos(ang).astype(self.dtype)[:, None, :])  # [T, 1, D/2]
+        sin = xp.asarray(np.sin(ang).astype(self.dtype)[:, None, :])
         eps = cfg.norm_eps
 
         plan = AttentionPlan.build(cache, seq_ids, cu, old, key_valid, dtype=self.dtype)
+        dev_slots = xp.asarray(slots)
         pf = None
         if self.prefetch:
             if self._prefetcher is None:
                 self._prefetcher = _Prefetcher(self.layers)
             pf = self._prefetcher
-        x = self.tok_embd[tokens]  # [T, d]
+        x = self.tok_embd[xp.asarray(tokens)]  # [T, d]
         for li, L in enumerate(self.layers):
             if pf is not None:
                 pf.current = li
@@ -386,7 +393,7 @@ class Model:
             qk = _rope(qkv[:, : (H + Hkv) * D].reshape(T, H + Hkv, D), cos, sin)  # [T, H + Hkv, D]
             q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D]
             v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
-            cache.write(li, slots, k, v)
+            cache.write(li, dev_slots, k, v)
             o = attend(q, cache, li, plan)  # [T, H, D]
             x = x + o.reshape(T, H * D) @ L.wo  # [T, d]
             h = _rmsnorm(x, L.ffn_norm, eps)
@@ -400,9 +407,9 @@ class Model:
         if logits is None:
             return None
         if logits == "last":
-            idx = np.maximum(cu[1:] - 1, 0)
-            x = x[idx] if T else np.zeros((B, cfg.d_model), self.dtype)  # [B, d]
+            idx = xp.asarray(np.maximum(cu[1:] - 1, 0))
+            x = x[idx] if T else xp.zeros((B, cfg.d_model), self.dtype)  # [B, d]
         out = _head(_rmsnorm(x, self.out_norm, eps), self.output_weight)  # [T or B, V]
         if logits == "last" and (counts == 0).any():
-            out[counts == 0] = np.nan
+            out[xp.asarray(counts == 0)] = np.nan
         return out

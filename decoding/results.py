@@ -25,7 +25,8 @@ class GenerationResult:
     step_times : list of float
         Seconds of each decode step (one forward plus sampling).
     method : str
-        ``"autoregressive"`` (the EMS-SD work adds speculative methods and their statistics).
+        ``"autoregressive"``, ``"ems"`` or ``"vanilla"`` (speculative; then ``stats`` holds the
+        drafter, accepted and verified draft tokens, forwards, tokens per forward, padding).
 
     Examples
     --------
@@ -75,3 +76,26 @@ class GenerationResult:
     @property
     def total_time(self) -> float:
         return self.prefill_time + self.decode_time
+
+    # -- speculative statistics (``stats`` of the "ems" and "vanilla" methods) ---------------------
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted draft tokens per step per sample (each step also adds one target token)."""
+        return float(self.stats.get("mean_accepted", float("nan")))
+
+    @property
+    def target_forwards(self) -> int:
+        """Forward passes of the target model, prefill included."""
+        return int(self.stats.get("target_forwards", 1 + len(self.step_times)))
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens computed per decode forward (pads included); the batch size for autoregressive."""
+        if "tokens_per_forward" in self.stats:
+            return float(self.stats["tokens_per_forward"])
+        return float(len(self.tokens))
+
+    @property
+    def padding_fraction(self) -> float:
+        """Fraction of the computed decode tokens that were padding (vanilla only; else 0)."""
+        return float(self.stats.get("padding_fraction", 0.0))

@@ -1,0 +1,444 @@
+"""Speculative decoding on a tiny random float64 model: EMS-SD and vanilla are exact, sampling is unbiased.
+
+- Greedy EMS-SD and vanilla give the autoregressive tokens for every sample, batch sizes 1..16,
+  every drafter (and an oracle drafter that proposes ragged, partly corrupted continuations so
+  that long drafts are accepted), samples finishing at different steps, with and without the
+  draft budget (hypothesis).
+- Speculative sampling: the joint distribution of the first three tokens matches the target's
+  (chi-square), and the same test detects a deliberately wrong acceptance rule.
+- Rollback leaves the cache as if the rejected tokens had never been appended.
+- The draft budget: optimal among all allocations, never below the autoregressive rate.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import stats as sstats
+
+from decoding import generate
+from decoding._threads import blas_threads
+from decoding.autoregressive import autoregressive_generate
+from decoding.cost_model import CostModel, DraftBudget
+from decoding.drafters import Drafter, DraftModelDrafter, LLMADrafter, PromptLookupDrafter, make_drafter
+from decoding.sampling import SamplingParams, filtered_probs
+from decoding.speculative import speculative_generate, verify_greedy, verify_sampling
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(autouse=True)
+def _engine_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cost"))
+    with blas_threads():  # direct loop calls run under the engine's BLAS setting, as generate() does
+        yield
+
+
+class OracleDrafter(Drafter):
+    """Proposes the true greedy continuation (known in advance), cut at a random length and
+    corrupted at a random position half of the time: long, ragged, partly wrong drafts."""
+
+    name = "oracle"
+
+    def __init__(self, prompts, truth, seed):
+        self.prompts, self.truth = prompts, truth
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, contexts, max_lens, samples):
+        out = []
+        for ctx, k, s in zip(contexts, max_lens, samples, strict=True):
+            done = len(ctx) - len(self.prompts[s])
+            true = np.array(self.truth[s][done : done + int(k)], dtype=np.int64)
+            d = true[: self.rng.integers(0, true.size + 1)].copy()
+            if d.size and self.rng.random() < 0.5:
+                d[self.rng.integers(0, d.size)] = self.rng.integers(0, 264)
+            out.append(d)
+        return out
+
+
+def _run(
+    model, tok, ids, *, layout, drafter, max_new, max_draft=7, budget=None, eos=(), sampling=GREEDY, seed=0
+):
+    return speculative_generate(
+        model, tok, ids, max_new_tokens=max_new, sampling=sampling, stop=[], rng=np.random.default_rng(seed),
+        drafter=drafter, max_draft=max_draft, layout=layout, budget=budget, eos_ids=eos,
+    )  # fmt: skip
+
+
+def _ar(model, tok, ids, max_new, eos=()):
+    return autoregressive_generate(
+        model, tok, ids, max_new_tokens=max_new, sampling=GREEDY, stop=[], rng=np.random.default_rng(0),
+        eos_ids=eos,
+    )  # fmt: skip
+
+
+# -- greedy: token-identical to autoregressive ----------------------------------------------------
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    B=st.integers(1, 16),
+    layout=st.sampled_from(["ems", "vanilla"]),
+    drafter=st.sampled_from(["oracle", "llma", "prompt_lookup", "draft_model"]),
+    budget=st.sampled_from([None, "gentle", "steep"]),
+    max_draft=st.integers(1, 7),
+    max_new=st.integers(1, 14),
+)
+def test_greedy_equals_autoregressive(tiny64, data, B, layout, drafter, budget, max_draft, max_new):
+    model, tok = tiny64
+    lens = data.draw(st.lists(st.integers(1, 12), min_size=B, max_size=B))
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    # prompts repeat a short motif so the copy drafters find matches
+    motif = rng.integers(0, 264, size=4)
+    ids = [[int(t) for t in np.concatenate([motif, rng.integers(0, 264, size=n)])[::-1]] for n in lens]
+    long = _ar(model, tok, ids, max_new)
+    # EOS: a token some samples produce, so samples finish at different steps
+    eos = ()
+    if data.draw(st.booleans()):
+        pool = [t for out in long.tokens for t in out]
+        eos = (int(pool[rng.integers(0, len(pool))]),)
+    ref = _ar(model, tok, ids, max_new, eos) if eos else long
+    if drafter == "oracle":
+        d = OracleDrafter([np.asarray(p) for p in ids], long.tokens, seed)
+    else:
+        d = make_drafter(drafter, model, max_draft=max_draft)
+    bud = None
+    if budget == "gentle":  # trims some drafts, keeps others
+        bud = DraftBudget(CostModel((1, 4, 32), (1.0, 1.3, 12.0)), prior=0.6)
+    elif budget == "steep":
+        bud = DraftBudget(CostModel((1, 2), (1.0, 2.0)))
+    res = _run(
+        model, tok, ids, layout=layout, drafter=d, max_new=max_new, max_draft=max_draft, budget=bud, eos=eos
+    )
+    assert res.tokens == ref.tokens
+    assert res.finish_reasons == ref.finish_reasons
+    assert res.texts == ref.texts
+    assert res.stats["accepted_tokens"] <= res.stats["draft_tokens"]
+    if layout == "ems":
+        assert res.padding_fraction == 0.0
+    if budget == "steep":
+        assert res.stats["draft_tokens"] == 0  # verifying anything costs more than it can gain
+
+
+def test_oracle_drafts_are_accepted_and_save_forwards(tiny64):
+    """A drafter that knows the answer: long drafts are accepted, far fewer forwards, same tokens."""
+    model, tok = tiny64
+    ids = [tok.encode(t) for t in ["the cat", "in the hat sat a", "x", "a b c d e f"]]
+    ref = _ar(model, tok, ids, 20)
+
+    class Perfect(OracleDrafter):
+        def propose(self, contexts, max_lens, samples):
+            return [
+                np.array(self.truth[s][len(c) - len(self.prompts[s]) :][:k], dtype=np.int64)
+                for c, k, s in zip(contexts, max_lens, samples, strict=True)
+            ]
+
+    for layout in ("ems", "vanilla"):
+        res = _run(
+            model, tok, ids, layout=layout, drafter=Perfect(ids, ref.tokens, 0), max_new=20, max_draft=7
+        )
+        assert res.tokens == ref.tokens
+        # 19 tokens after the first, 8 per step: 3 verification forwards instead of 19
+        assert res.stats["verify_forwards"] == 3
+        assert res.stats["acceptance_rate"] == 1.0
+        assert res.mean_accepted == pytest.approx(16 / 3)  # 7 + 7 + 2 per sample-step
+    van = _run(model, tok, ids, layout="vanilla", drafter=OracleDrafter(ids, ref.tokens, 3), max_new=20)
+    ems = _run(model, tok, ids, layout="ems", drafter=OracleDrafter(ids, ref.tokens, 3), max_new=20)
+    assert van.tokens == ems.tokens == ref.tokens
+    # same drafts (same seed), same accepted counts; vanilla computes pads, EMS none
+    assert van.stats["draft_tokens"] == ems.stats["draft_tokens"]
+    assert van.padding_fraction > 0 and ems.padding_fraction == 0
+    assert van.tokens_per_forward * (1 - van.padding_fraction) == pytest.approx(ems.tokens_per_forward)
+
+
+def test_generate_api_methods_agree(tiny64):
+    model, tok = tiny64
+    prompts = ["the cat in the hat", "the hat the hat the hat the", "x y"]
+    ar = generate(model, tok, prompts, max_new_tokens=10)
+    for method in ("ems", "vanilla"):
+        for drafter in ("llma", "prompt_lookup", "draft_model"):
+            for budget in (None, "auto"):
+                res = generate(
+                    model, tok, prompts, max_new_tokens=10, method=method, drafter=drafter,
+                    draft_budget=budget, references=["the hat the hat", "the hat sat", "y"],
+                )  # fmt: skip
+                assert res.tokens == ar.tokens and res.texts == ar.texts
+                assert res.method == method and res.stats["drafter"] == drafter
+                assert res.target_forwards >= 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"method": "beam"}, ValueError, "method"),
+        ({"method": "ems", "drafter": "oracle"}, ValueError, "drafter"),
+        ({"method": "ems", "max_draft": -1}, ValueError, "max_draft"),
+        ({"method": "ems", "max_draft": 2.5}, TypeError, "max_draft"),
+        ({"method": "ems", "references": ["a", "b"]}, ValueError, "references"),
+        ({"method": "ems", "references": [3]}, TypeError, "references"),
+        ({"method": "ems", "draft_budget": "always"}, ValueError, "draft_budget"),
+    ],
+)
+def test_generate_speculative_bad_input(tiny64, kwargs, exc, match):
+    model, tok = tiny64
+    with pytest.raises(exc, match=match):
+        generate(model, tok, "the cat", max_new_tokens=4, **kwargs)
+
+
+# -- drafters -------------------------------------------------------------------------------------
+def test_llma_matches_last_tokens_and_copies_in_order():
+    d = LLMADrafter(match_len=2, copy_len=3)
+    ref = np.array([5, 1, 2, 8, 9, 1, 2, 3, 4, 5, 6])
+    d.begin([np.array([0])], references=[ref])
+    # (1, 2) occurs at 1 and 5: the first match copies 8 9 1
+    assert d.propose([np.array([0, 1, 2])], [7], [0])[0].tolist() == [8, 9, 1]
+    # the copy went on from position 3, so the next (1, 2) match prefers position 5
+    assert d.propose([np.array([0, 1, 2, 8, 9, 1, 2])], [7], [0])[0].tolist() == [3, 4, 5]
+    assert d.propose([np.array([0, 7, 7])], [7], [0])[0].tolist() == []  # no match: no draft
+    d.begin([np.array([0])], references=[ref])  # a new generation starts with its cursor at 0
+    assert d.propose([np.array([0, 1, 2])], [2], [0])[0].tolist() == [8, 9]  # capped by max_lens
+    assert d.propose([np.array([0, 5, 6])], [7], [0])[0].tolist() == []  # nothing follows the match
+
+
+def test_prompt_lookup_uses_own_context():
+    d = PromptLookupDrafter(match_len=2, copy_len=4)
+    d.begin([np.array([3, 4, 5, 6, 7]), np.array([1, 1])])
+    out = d.propose([np.array([3, 4, 5, 6, 7, 0, 3, 4]), np.array([1, 1])], [7, 7], [0, 1])
+    assert out[0].tolist() == [5, 6, 7, 0]
+    assert out[1].tolist() == []  # the only (1, 1) is the trailing key itself
+
+
+def test_draft_model_drafter_is_greedy_decoding_of_the_draft_model(tiny64):
+    """Its drafts are what greedy decoding of the draft model gives, also after a rollback."""
+    model, tok = tiny64
+    small = model.truncated(1)
+    d = DraftModelDrafter(small, max_draft=5)
+    prompts = [np.array(tok.encode(t)) for t in ["the cat", "in the hat sat"]]
+    d.begin(prompts, sampling=GREEDY, max_new_tokens=16)
+
+    def greedy_small(ctx, n):
+        return _ar(small, tok, [list(ctx)], n).tokens[0]
+
+    ctx = [p.copy() for p in prompts]
+    drafts = d.propose(ctx, [5, 3], [0, 1])
+    assert [x.tolist() for x in drafts] == [greedy_small(ctx[0], 5), greedy_small(ctx[1], 3)]
+    # sample 0 accepts 2 drafts then gets a different token; sample 1 accepts all 3 plus one
+    ctx[0] = np.concatenate([ctx[0], drafts[0][:2], [7]])
+    ctx[1] = np.concatenate([ctx[1], drafts[1], [9]])
+    drafts = d.propose(ctx, [4, 0], [0, 1])
+    assert drafts[0].tolist() == greedy_small(ctx[0], 4) and drafts[1].tolist() == []
+    drafts = d.propose(ctx, [2, 2], [0, 1])  # nothing accepted: proposes the same again
+    assert drafts[0].tolist() == greedy_small(ctx[0], 2) and drafts[1].tolist() == greedy_small(ctx[1], 2)
+
+
+# -- verification rules ----------------------------------------------------------------------------
+def test_verify_greedy_prefix():
+    lg = np.eye(6)[[1, 2, 3, 4]]  # target: 1 2 3 4
+    assert verify_greedy(lg, np.array([1, 2, 3])) == (3, [1, 2, 3, 4])
+    assert verify_greedy(lg, np.array([1, 5, 3])) == (1, [1, 2])
+    assert verify_greedy(lg[:1], np.array([], dtype=np.int64)) == (0, [1])
+
+
+def test_verify_sampling_one_step_is_exact():
+    """One draft position: P(output = y) equals p(y) for a one-hot and for a proper q (many draws)."""
+    p_logits = np.log(np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))
+    sp = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(0)
+    q = np.array([[0.2, 0.2, 0.6]])
+    n = 6000
+    for qq in (None, q):
+        counts = np.zeros(3)
+        for _ in range(n):
+            x = 0 if qq is None else int(rng.choice(3, p=q[0]))
+            m, toks = verify_sampling(p_logits, np.array([x]), sp, qq, rng)
+            counts[toks[0]] += 1
+        assert sstats.chisquare(counts, n * np.array([0.5, 0.3, 0.2])).pvalue > 1e-3
+
+
+# -- speculative sampling: the output distribution is the target's ------------------------------
+def _wrong_verify(logits, draft, sampling, q, rng):
+    """A classic mistake: on rejection, resample from p instead of the residual max(0, p - q)."""
+    p = filtered_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    for j, x in enumerate(draft):
+        qx = 1.0 if q is None else float(q[j, x])
+        if qx > 0 and rng.random() < min(1.0, p[j, x] / qx):
+            continue
+        return j, [int(t) for t in draft[:j]] + [int(rng.choice(p.shape[1], p=p[j]))]
+    return draft.size, [int(t) for t in draft] + [int(rng.choice(p.shape[1], p=p[draft.size]))]
+
+
+def _target_joint(model, prompt, sp):
+    """Exact probabilities of every 3-token continuation (top-k keeps the support small)."""
+    joint = {}
+
+    def rec(prefix, prob):
+        if len(prefix) == 3:
+            joint[tuple(prefix)] = prob
+            return
+        cache = model.new_cache(max_seqs=1, capacity=32)
+        ctx = list(prompt) + prefix
+        lg = model.forward(np.array(ctx), cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, len(ctx)])
+        p = filtered_probs(lg[-1:], sp.temperature, sp.top_k, sp.top_p)[0]
+        for t in np.flatnonzero(p):
+            rec(prefix + [int(t)], prob * p[t])
+
+    rec([], 1.0)
+    return joint
+
+
+def _chi2_pvalue(model, tok, prompt, sp, *, layout, make, verifier=None, calls=100, B=16):
+    joint = _target_joint(model, prompt, sp)
+    keys = sorted(joint)
+    index = {k: i for i, k in enumerate(keys)}
+    counts = np.zeros(len(keys))
+    for c in range(calls):
+        res = speculative_generate(
+            model, tok, [prompt] * B, max_new_tokens=3, sampling=sp, stop=[], rng=np.random.default_rng(c),
+            drafter=make(), max_draft=2, layout=layout, verifier=verifier,
+        )  # fmt: skip
+        for t in res.tokens:
+            counts[index[tuple(t)]] += 1  # an unknown key (outside the support) raises KeyError
+    expected = np.array([joint[k] for k in keys]) * counts.sum()
+    small = expected < 5  # pool rare cells (chi-square needs expected counts of about 5)
+    obs = np.concatenate([counts[~small], [counts[small].sum()]])
+    exp = np.concatenate([expected[~small], [expected[small].sum()]])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return sstats.chisquare(obs, exp).pvalue
+
+
+class GreedyTargetDrafter(DraftModelDrafter):
+    """A deterministic drafter (one-hot q) whose drafts are likely: the target's own greedy tokens."""
+
+    name = "greedy_target"
+
+    def begin(self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512):
+        super().begin(prompts, references, GREEDY, rng, max_new_tokens)
+
+
+SAMPLING_CASES = [
+    ("ems", "draft_model"),
+    ("vanilla", "draft_model"),
+    ("ems", "greedy_target"),
+    ("vanilla", "greedy_target"),
+]
+
+
+@pytest.mark.parametrize(("layout", "drafter"), SAMPLING_CASES)
+def test_speculative_sampling_matches_target_and_wrong_rule_fails(tiny64, layout, drafter):
+    model, tok = tiny64
+    sp = SamplingParams(temperature=1.0, top_k=3)
+    prompt = tok.encode("the hat sat")
+
+    def make():
+        if drafter == "draft_model":  # q: the sampling distribution of the target's first layer
+            return DraftModelDrafter(model.truncated(1), max_draft=2)
+        return GreedyTargetDrafter(model, max_draft=2)  # q: one-hot
+
+    p_ok = _chi2_pvalue(model, tok, prompt, sp, layout=layout, make=make)
+    p_bad = _chi2_pvalue(model, tok, prompt, sp, layout=layout, make=make, verifier=_wrong_verify)
+    assert p_ok > 1e-3, p_ok
+    assert p_bad < 1e-3, p_bad
+
+
+# -- rollback ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("accepted", [0, 1, 3])
+def test_rollback_is_as_if_never_appended(tiny64, accepted):
+    model, tok = tiny64
+    prompt = np.array(tok.encode("in the hat sat a cat"))
+    draft = np.array([40, 41, 42])
+    nxt = 77
+    a = model.new_cache(max_seqs=2, capacity=32)
+    sa = [a.allocate(), a.allocate()]
+    b = model.new_cache(max_seqs=2, capacity=32)
+    sb = [b.allocate(), b.allocate()]
+    other = np.array(tok.encode("the cat"))
+    # cache a: verify the whole draft (batched with another sequence), then roll back
+    model.forward(
+        np.concatenate([prompt, other]),
+        cache=a,
+        seq_ids=sa,
+        cu_seqlens=[0, prompt.size, prompt.size + other.size],
+    )
+    model.forward(np.concatenate([[5], draft, [6]]), cache=a, seq_ids=sa, cu_seqlens=[0, 4, 5])
+    a.truncate(sa[0], prompt.size + 1 + accepted)
+    start = int(a.starts[sa[0]])
+    a.k[:, :, start + prompt.size + 1 + accepted : start + 32] = np.nan  # stale slots must never be read
+    a.v[:, :, start + prompt.size + 1 + accepted : start + 32] = np.nan
+    # cache b: only the accepted tokens were ever appended
+    model.forward(
+        np.concatenate([prompt, other]),
+        cache=b,
+        seq_ids=sb,
+        cu_seqlens=[0, prompt.size, prompt.size + other.size],
+    )
+    kept = np.concatenate([[5], draft[:accepted]])
+    model.forward(np.concatenate([kept, [6]]), cache=b, seq_ids=sb, cu_seqlens=[0, kept.size, kept.size + 1])
+    assert a.lengths[sa[0]] == b.lengths[sb[0]] and a.lengths[sa[1]] == b.lengths[sb[1]]
+    n = int(a.lengths[sa[0]])
+    np.testing.assert_allclose(a.keys(0, sa[0])[0], b.keys(0, sb[0])[0], rtol=1e-12, atol=1e-12)
+    la = model.forward(np.array([nxt, 8]), cache=a, seq_ids=sa, cu_seqlens=[0, 1, 2])
+    lb = model.forward(np.array([nxt, 8]), cache=b, seq_ids=sb, cu_seqlens=[0, 1, 2])
+    assert np.isfinite(la).all()
+    np.testing.assert_allclose(la, lb, rtol=1e-10, atol=1e-10)
+    assert a.lengths[sa[0]] == n + 1
+
+
+# -- the draft budget -------------------------------------------------------------------------------
+def test_cost_model_interpolates_and_is_monotone():
+    cm = CostModel((1, 2, 4), (1.0, 0.8, 2.0), per_sequence=0.1)
+    assert cm.seconds == (1.0, 1.0, 2.0)  # made non-decreasing
+    assert cm.cost(3) == pytest.approx(1.5) and cm.cost(6) == pytest.approx(3.0)
+    assert cm.cost(1, 3) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="tokens"):
+        CostModel((2, 1), (1.0, 1.0))
+    with pytest.raises(ValueError, match="seconds"):
+        CostModel((1, 2), (0.0, 1.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    alphas=st.lists(st.floats(0.01, 0.99), min_size=1, max_size=3),
+    lengths=st.data(),
+    slope=st.floats(0.0, 2.0),
+    curve=st.floats(0.0, 0.5),
+)
+def test_budget_allocation_is_optimal_and_never_below_autoregressive(alphas, lengths, slope, curve):
+    B = len(alphas)
+    L = lengths.draw(st.lists(st.integers(0, 3), min_size=B, max_size=B))
+    grid = np.arange(1, 16)
+    cm = CostModel(tuple(grid), tuple(1.0 + slope * (grid - 1) + curve * (grid - 1) ** 2))
+    budget = DraftBudget(cm)
+    a = np.array(alphas)
+    got = budget.allocate(a, np.array(L))
+    assert (got >= 0).all() and (got <= np.array(L)).all()
+
+    def rate(n):
+        gain = B + sum((a[i] ** np.arange(1, n[i] + 1)).sum() for i in range(B))
+        return gain / cm.cost(B + sum(n), B)
+
+    best = max(rate(n) for n in itertools.product(*[range(x + 1) for x in L]))
+    assert rate(got) == pytest.approx(best, rel=1e-12)
+    assert rate(got) >= rate([0] * B) * (1 - 1e-12)  # never below the autoregressive step
+
+
+def test_budget_alphas_follow_history():
+    budget = DraftBudget(CostModel((1, 2), (1.0, 1.1)), prior=0.5)
+    a = budget.alphas(np.array([0.0, 30.0, 0.0]), np.array([0.0, 1.0, 10.0]))
+    assert a[1] > 0.8 > a[0] > a[2] and a[2] < 0.3
+
+
+def test_cost_model_measured_once_and_cached(tiny64, tmp_path):
+    model, _ = tiny64
+    cm = CostModel.for_model(model, cache_dir=tmp_path)
+    files = list(tmp_path.glob("cost-*.json"))
+    assert len(files) == 1
+    assert len(cm.tokens) == 8 and all(s > 0 for s in cm.seconds)
+    assert CostModel.for_model(model, cache_dir=tmp_path) == cm  # read back, not measured again
+    files[0].write_text("{broken")
+    again = CostModel.for_model(model, cache_dir=tmp_path)  # a damaged file is measured again
+    assert len(again.tokens) == 8

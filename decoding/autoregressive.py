@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from ._xp import to_host
 from .results import GenerationResult
 from .sampling import SamplingParams, sample
 
@@ -103,7 +104,7 @@ def autoregressive_generate(
     decode_start = time.perf_counter()
     while True:
         t_step = time.perf_counter()
-        nxt = sample(logits, sampling, rng)  # [len(active)]
+        nxt = sample(to_host(logits), sampling, rng)  # [len(active)] (sampling runs on the host)
         still = []
         for j, i in enumerate(active):
             tok = int(nxt[j])

@@ -4,6 +4,7 @@ Public API: the sketch operators and :func:`make_sketch` (this module); solvers,
 measures, bounds and scikit-learn estimators are added by their own modules.
 """
 
+from rsketch.estimators import SketchedLinearRegression, SketchedRidge
 from rsketch.linalg import ConvergenceWarning, LstsqResult, lstsq
 from rsketch.operators import (
     SKETCH_KINDS,
@@ -34,6 +35,8 @@ __all__ = [
     "SRHT",
     "SketchBounds",
     "SketchOperator",
+    "SketchedLinearRegression",
+    "SketchedRidge",
     "SparseSign",
     "UniformSampling",
     "bounds",

@@ -1,0 +1,139 @@
+"""The scikit-learn estimators: check_estimator, agreement with sklearn, Pipeline/GridSearchCV, inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.linear_model import LinearRegression, Ridge
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from rsketch import SketchedLinearRegression, SketchedRidge
+
+
+@parametrize_with_checks([SketchedLinearRegression(), SketchedRidge()])
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+def _data(n=3000, p=8, k=None, seed=0, cond=1e3):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, p)) * np.logspace(0, -np.log10(cond), p) + 2.0  # offset: intercept matters
+    coef = rng.standard_normal((p,) if k is None else (p, k))
+    y = X @ coef + 0.5 + 0.1 * rng.standard_normal(n if k is None else (n, k))
+    return X, y
+
+
+@pytest.mark.parametrize("method", ["precondition", "ihs"])
+@pytest.mark.parametrize("k", [None, 2])
+def test_linear_regression_matches_sklearn(method, k):
+    X, y = _data(k=k)
+    ours = SketchedLinearRegression(method=method, random_state=0).fit(X, y)
+    ref = LinearRegression().fit(X, y)
+    assert ours.solver_ == method and ours.n_iter_ > 0
+    # Both are accurate to ~ eps * kappa(centred X) ~ 1e-12 here; 1e-8 leaves a wide margin.
+    np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-8, atol=1e-10)
+    assert ours.score(X, y) == pytest.approx(ref.score(X, y), rel=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [1e-3, 1.0, 100.0])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_ridge_matches_sklearn(alpha, fit_intercept):
+    X, y = _data(k=2)
+    ours = SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=1).fit(X, y)
+    ref = Ridge(alpha=alpha, fit_intercept=fit_intercept, solver="cholesky").fit(X, y)
+    assert ours.solver_ == "precondition"
+    np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("Est", [SketchedLinearRegression, SketchedRidge])
+def test_sparse_matches_dense(Est):
+    X, y = _data()
+    X[np.abs(X - 2) < 0.8] = 0.0
+    dense = Est(random_state=0).fit(X, y)
+    for fmt in ("csr", "csc", "coo"):
+        sparse = Est(random_state=0).fit(sp.csr_matrix(X).asformat(fmt), y)
+        np.testing.assert_allclose(sparse.coef_, dense.coef_, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(sparse.intercept_, dense.intercept_, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(sparse.predict(sp.csr_matrix(X)), dense.predict(X), rtol=1e-8)
+
+
+def test_sample_weight_equals_repetition():
+    X, y = _data(n=2000)
+    w = np.random.default_rng(3).integers(0, 4, size=2000)
+    weighted = SketchedLinearRegression(random_state=0).fit(X, y, sample_weight=w)
+    repeated = SketchedLinearRegression(random_state=0).fit(np.repeat(X, w, axis=0), np.repeat(y, w))
+    assert weighted.solver_ == repeated.solver_ == "precondition"
+    np.testing.assert_allclose(weighted.coef_, repeated.coef_, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(weighted.intercept_, repeated.intercept_, rtol=1e-8)
+    ref = LinearRegression().fit(X, y, sample_weight=w)
+    np.testing.assert_allclose(weighted.coef_, ref.coef_, rtol=1e-8, atol=1e-10)
+
+
+def test_integer_X_and_random_state_types():
+    X, y = _data()
+    Xi = np.round(10 * X).astype(np.int64)
+    ref = LinearRegression().fit(Xi, y).coef_
+    for rs in (0, np.random.default_rng(0), np.random.SeedSequence(0), None):
+        model = SketchedLinearRegression(random_state=rs).fit(Xi, y)
+        np.testing.assert_allclose(model.coef_, ref, rtol=1e-8, atol=1e-10)
+
+
+def test_sketch_and_solve_is_the_sketched_estimator():
+    X, y = _data(n=4000, p=5)
+    model = SketchedLinearRegression(method="sketch_and_solve", sketch_size=200, random_state=0).fit(X, y)
+    ref = LinearRegression().fit(X, y)
+    assert model.solver_ == "sketch_and_solve" and model.n_iter_ == 0
+    # Residual efficiency ~ 1 + p/r: the sketched fit is close to, but not equal to, OLS.
+    rss = np.sum((y - model.predict(X)) ** 2)
+    rss_ref = np.sum((y - ref.predict(X)) ** 2)
+    assert rss_ref < rss < 1.5 * rss_ref
+
+
+def test_tiny_data_solves_directly():
+    X, y = _data(n=30, p=4)
+    model = SketchedLinearRegression().fit(X, y)
+    assert model.solver_ == "direct" and model.n_iter_ == 0
+    np.testing.assert_allclose(model.coef_, LinearRegression().fit(X, y).coef_, rtol=1e-10)
+
+
+def test_pipeline_and_grid_search():
+    X, y = _data(n=2500, p=6)
+    pipe = make_pipeline(StandardScaler(), SketchedRidge(random_state=0))
+    grid = GridSearchCV(pipe, {"sketchedridge__alpha": [0.1, 10.0]}, cv=3).fit(X, y)
+    assert grid.best_params_["sketchedridge__alpha"] in (0.1, 10.0)
+    assert grid.score(X, y) > 0.9
+    pipe2 = make_pipeline(StandardScaler(), SketchedLinearRegression(random_state=0)).fit(X, y)
+    assert pipe2.score(X, y) == pytest.approx(LinearRegression().fit(X, y).score(X, y), rel=1e-10)
+
+
+@pytest.mark.parametrize(
+    "params, exc, match",
+    [
+        ({"method": "qr"}, ValueError, "method must be one of"),
+        ({"sketch": "hadamard"}, ValueError, "sketch must be one of"),
+        ({"sketch_size": 0}, ValueError, "sketch_size must be >= 1"),
+        ({"sketch_size": 1.5}, TypeError, "sketch_size must be an integer"),
+        ({"fit_intercept": "yes"}, TypeError, "fit_intercept must be a bool"),
+        ({"alpha": -1.0}, ValueError, "alpha must be"),
+        ({"alpha": "big"}, TypeError, "alpha must be"),
+        ({"random_state": "abc"}, TypeError, "seed"),
+    ],
+)
+def test_bad_parameters(params, exc, match):
+    X, y = _data(n=2000, p=4)
+    with pytest.raises(exc, match=match):
+        SketchedRidge(**params).fit(X, y)
+
+
+def test_bad_sample_weight():
+    X, y = _data(n=500, p=3)
+    with pytest.raises(ValueError, match="sample_weight"):
+        SketchedLinearRegression().fit(X, y, sample_weight=np.ones(10))
+    with pytest.raises(ValueError, match="[Nn]egative"):
+        SketchedLinearRegression().fit(X, y, sample_weight=-np.ones(500))

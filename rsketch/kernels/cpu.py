@@ -60,9 +60,19 @@ def _bounded(w, bound):
     return np.int64((w * np.uint64(bound)) >> _S32)
 
 
-@njit(parallel=True, cache=True)
+# Below this many units of work a kernel runs on one thread: waking a thread pool costs more than
+# the work itself (and, on a loaded machine, up to milliseconds per call).
+_PARALLEL_MIN_WORK = 1 << 14
+
+
 def philox_words(k0, k1, start, count, n_blocks, stream):
     """Words ``out[i, b, :]`` of counter ``(start + i, block b, stream)``; shape (count, n_blocks, 4)."""
+    kernel = _philox_words_par if count * n_blocks >= _PARALLEL_MIN_WORK else _philox_words_ser
+    return kernel(k0, k1, start, count, n_blocks, stream)
+
+
+@njit(parallel=True, cache=True)
+def _philox_words_par(k0, k1, start, count, n_blocks, stream):
     out = np.empty((count, n_blocks, 4), dtype=np.uint32)
     key0 = np.uint64(k0)
     key1 = np.uint64(k1)
@@ -74,6 +84,9 @@ def philox_words(k0, k1, start, count, n_blocks, stream):
             out[i, b, 2] = w2
             out[i, b, 3] = w3
     return out
+
+
+_philox_words_ser = njit(cache=True)(_philox_words_par.py_func)
 
 
 @njit(inline="always")
@@ -102,14 +115,19 @@ def _zig_attempt(wa, wb, key0, key1, j, attempt, X):
         t += 1
 
 
-@njit(parallel=True, cache=True)
 def gaussian_columns(k0, k1, start, stop, r, stream, out, X):
     """Standard normals of columns ``start:stop`` (``r`` each) into ``out[j - start, i]``.
 
     The counter-driven ziggurat of :func:`rsketch._random.ziggurat_columns`, one column at a
-    time (parallel over columns): column j takes its first r accepted attempts, two attempts per
-    Philox call. ``X`` is ``rsketch._random.ZIG_X``.
+    time (parallel over columns when there is enough work): column j takes its first r
+    accepted attempts, two attempts per Philox call. ``X`` is ``rsketch._random.ZIG_X``.
     """
+    serial = (stop - start) * r < _PARALLEL_MIN_WORK
+    (gaussian_columns_serial if serial else _gaussian_columns_par)(k0, k1, start, stop, r, stream, out, X)
+
+
+@njit(parallel=True, cache=True)
+def _gaussian_columns_par(k0, k1, start, stop, r, stream, out, X):
     key0 = np.uint64(k0)
     key1 = np.uint64(k1)
     for jj in prange(stop - start):
@@ -133,7 +151,7 @@ def gaussian_columns(k0, k1, start, stop, r, stream, out, X):
 # The same kernel on one thread, releasing the GIL: GaussianSketch runs one per worker thread,
 # each alternating generation and a one-thread BLAS product, so numba's and BLAS's thread pools
 # never compete (their spin-waiting doubled the time when they alternated on two cores).
-gaussian_columns_serial = njit(nogil=True, cache=True)(gaussian_columns.py_func)
+gaussian_columns_serial = njit(nogil=True, cache=True)(_gaussian_columns_par.py_func)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,9 +175,14 @@ def _sparse_entry(key0, key1, j, t, s, r, stream):
     return row, sign
 
 
-@njit(parallel=True, cache=True)
 def sparse_pattern(k0, k1, start, stop, s, r, stream):
     """Rows (int64) and signs (+-1.0) of columns ``start:stop``: arrays of shape (stop - start, s)."""
+    kernel = _sparse_pattern_par if (stop - start) * s >= _PARALLEL_MIN_WORK else _sparse_pattern_ser
+    return kernel(k0, k1, start, stop, s, r, stream)
+
+
+@njit(parallel=True, cache=True)
+def _sparse_pattern_par(k0, k1, start, stop, s, r, stream):
     m = stop - start
     rows = np.empty((m, s), dtype=np.int64)
     signs = np.empty((m, s), dtype=np.float64)
@@ -194,6 +217,9 @@ def _reduce_chunks(acc, scale, out):
             for c in range(n_chunks):
                 total += acc[c, i, col]
             out[i, col] = scale * total
+
+
+_sparse_pattern_ser = njit(cache=True)(_sparse_pattern_par.py_func)
 
 
 @njit(parallel=True, cache=True)

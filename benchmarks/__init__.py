@@ -9,5 +9,6 @@ with date, CPU model, thread count and BLAS, to ``benchmarks/RESULTS.md``.
 AREAS = {
     "efficiency": "benchmarks.efficiency",
     "operators": "benchmarks.operators",
+    "solvers": "benchmarks.solvers",
     "decoding": "benchmarks.decoding_engine",
 }

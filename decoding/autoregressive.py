@@ -63,6 +63,43 @@ class StreamState:
         return delta
 
 
+def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = 4096):
+    """Run every prompt through ``model`` into ``cache``; return each prompt's last logits ``[B, V]``.
+
+    Prompts are packed into forwards of at most ``max_tokens`` tokens (whole prompts while they fit,
+    a longer prompt in consecutive chunks through the cache), bounding activation memory.
+    """
+    xp = model.xp
+    B = len(prompt_ids)
+    out = [None] * B
+    # pieces (b, start, end) in order; a prompt longer than max_tokens is cut into chunks
+    pieces = [
+        (b, a, min(a + max_tokens, len(p)))
+        for b, p in enumerate(prompt_ids)
+        for a in range(0, len(p), max_tokens)
+    ]
+    i = 0
+    while i < len(pieces):
+        group, total, seen = [], 0, set()
+        while i < len(pieces) and pieces[i][0] not in seen:
+            b, a, e = pieces[i]
+            if group and total + (e - a) > max_tokens:
+                break
+            group.append(pieces[i])
+            seen.add(b)
+            total += e - a
+            i += 1
+        toks = np.concatenate([np.asarray(prompt_ids[b][a:e], dtype=np.int64) for b, a, e in group])
+        cu = np.concatenate([[0], np.cumsum([e - a for _, a, e in group])])
+        last = model.forward(
+            toks, cache=cache, seq_ids=[seq_ids[b] for b, _, _ in group], cu_seqlens=cu, logits="last"
+        )
+        for j, (b, _, e) in enumerate(group):
+            if e == len(prompt_ids[b]):
+                out[b] = last[j]
+    return xp.stack(out)
+
+
 def autoregressive_generate(
     model,
     tokenizer,
@@ -89,14 +126,7 @@ def autoregressive_generate(
     reasons = ["length"] * B
 
     t0 = time.perf_counter()
-    cu = np.concatenate([[0], np.cumsum(lens)])
-    logits = model.forward(
-        np.concatenate([np.asarray(p, dtype=np.int64) for p in prompt_ids]),
-        cache=cache,
-        seq_ids=seq,
-        cu_seqlens=cu,
-        logits="last",
-    )  # [B, V]
+    logits = prefill(model, cache, seq, prompt_ids)  # [B, V]
     prefill_time = time.perf_counter() - t0
 
     active = np.arange(B)

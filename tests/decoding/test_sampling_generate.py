@@ -173,3 +173,19 @@ def test_load_model_errors(monkeypatch, tmp_path):
         api.load_model("no-such-model")
     with pytest.raises(ValueError, match="dtype"):
         api.load_model(tmp_path, dtype=np.int32)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5, 12, 4096])
+def test_chunked_prefill_equals_one_forward(tiny64, max_tokens):
+    from decoding.autoregressive import prefill
+
+    model, _ = tiny64
+    rng = np.random.default_rng(7)
+    prompts = [list(rng.integers(0, 264, size=n)) for n in (13, 2, 7, 30)]
+    ref_cache = model.new_cache(max_seqs=4, capacity=40)
+    ref = prefill(model, ref_cache, [ref_cache.allocate() for _ in range(4)], prompts, max_tokens=10**6)
+    cache = model.new_cache(max_seqs=4, capacity=40)
+    got = prefill(model, cache, [cache.allocate() for _ in range(4)], prompts, max_tokens=max_tokens)
+    assert np.max(np.abs(got - ref)) < 1e-10 * np.max(np.abs(ref))
+    assert cache.lengths.tolist() == [13, 2, 7, 30]
+    np.testing.assert_allclose(cache.k, ref_cache.k, rtol=0, atol=1e-12)

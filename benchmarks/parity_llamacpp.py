@@ -97,37 +97,55 @@ def tokenization_strings(n: int = 300) -> list[str]:
 
 
 # -- worker side (runs in .venv-parity: numpy and llama_cpp only) -------------------------------------
-def _llama(path, n_ctx=1024):
+def _llama(path, n_ctx=1024, threads=None):
     import os
 
     from llama_cpp import Llama
 
-    threads = os.cpu_count() or 1
-    return Llama(model_path=path, n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=threads), threads
+    threads = threads or os.cpu_count() or 1
+    llm = Llama(
+        model_path=path,
+        n_ctx=n_ctx,
+        logits_all=True,
+        verbose=False,
+        n_threads=threads,
+        n_threads_batch=threads,
+    )
+    return llm, threads
 
 
 def _worker_bench(path: str) -> None:
+    import os
+
     import numpy as np
 
     req = json.loads(sys.stdin.read())
-    llm, threads = _llama(path)
     prompt = req["prompt"]
-    times = []
-    for _ in range(3):
-        llm.reset()
-        t = time.perf_counter()
-        llm.eval(prompt)
-        times.append(time.perf_counter() - t)
-    prefill = len(prompt) / float(np.median(times))
-    llm.reset()
-    llm.eval(prompt[:64])
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    t = time.perf_counter()
-    for _ in range(req["n_decode"]):
-        llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    decode = req["n_decode"] / (time.perf_counter() - t)
-    print(json.dumps({"prefill_tok_s": prefill, "decode_tok_s": decode, "threads": threads}))
+    results = []
+    for threads in sorted({1, os.cpu_count() or 1}):
+        llm, threads = _llama(path, threads=threads)
+        times = []
+        for _ in range(3):
+            llm.reset()
+            t = time.perf_counter()
+            llm.eval(prompt)
+            times.append(time.perf_counter() - t)
+        prefill = len(prompt) / float(np.median(times))
+        rates = []
+        for _ in range(3):
+            llm.reset()
+            llm.eval(prompt[:64])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            t = time.perf_counter()
+            for _ in range(req["n_decode"]):
+                llm.eval([tok])
+                tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            rates.append(req["n_decode"] / (time.perf_counter() - t))
+        results.append(
+            {"prefill_tok_s": prefill, "decode_tok_s": float(np.median(rates)), "threads": threads}
+        )
+        del llm
+    print(json.dumps(results))
 
 
 def _worker_parity(path: str, outdir: str) -> None:

@@ -222,7 +222,7 @@ def run(record: bool = False):
                 {
                     "prompt": PROMPTS[i][:32].replace("\n", "\\n").replace("|", "/"),
                     "tokens": len(ids),
-                    "max|Δlogit|/max|logit|": rel,
+                    "max abs Δlogit / max abs logit": rel,
                     "top-1 agreement": top1,
                     f"greedy tokens identical (of {n_greedy})": same,
                 }

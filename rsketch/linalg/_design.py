@@ -50,12 +50,12 @@ class Design:
         T = np.asarray(X @ V)
         return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
 
-    def residual_gradient(self, Y, B):
+    def residual_gradient(self, Y, B, accurate=True):
         """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``; ``Y`` ``(n, k)``, ``B`` ``(p, k)``."""
         X = self.X
         k = B.shape[1]
         if self.fused and k <= _FUSED_MAX_K:
-            return _kernels.residual_gradient(X, Y, np.ascontiguousarray(B), self._chunks)
+            return _kernels.residual_gradient(X, Y, np.ascontiguousarray(B), self._chunks, accurate)
         if self.fused:
             out = np.zeros((X.shape[1], k))
             nrm = np.zeros(k)

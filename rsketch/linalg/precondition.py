@@ -168,23 +168,30 @@ def pcg_finish(design, Y, coef, M, s_values, rank, *, tol, max_iter, log):
     best = np.full(k, np.inf)
     kappa = s_values[0] / s_values[rank - 1] if rank else 1.0
     stalled = np.zeros(k, dtype=bool)
+    rounds = 0
     while True:
-        g, rn2 = design.residual_gradient(Y, coef)  # true gradient X.T r: one pass
+        # True gradient X.T r: one pass. The first one only starts round 1, whose result the next
+        # true gradient checks, so it need not be summed carefully.
+        g, rn2 = design.residual_gradient(Y, coef, accurate=rounds > 0)
         s = M.T @ g  # (rank, k)
         gnorm, snorm = _measures(M, s, coef, scale)
         worst = np.maximum(gnorm, snorm)
         log.gradient_norms.append(float(worst.max()) if k else 0.0)
         active = worst > tol
-        # A column whose round gained less than tenfold has met rounding: it stays frozen.
-        stalled |= active & (worst > 0.1 * best)
+        # A column whose round gained less than tenfold has met rounding: it stays frozen. Only
+        # measures from careful gradients are compared (the first, at the warm start, is not one).
+        if rounds >= 2:
+            stalled |= active & (worst > 0.1 * best)
         running = active & ~stalled
         if not running.any() or iterations >= max_iter:
             gfloor, sfloor = rounding_floor(s_values, rank, coef, ynorm, np.sqrt(rn2), p)
             at_floor = (gnorm <= np.maximum(gfloor, tol)) & (snorm <= np.maximum(sfloor, tol))
             converged = bool((~active | (stalled & at_floor)).all())
             return coef, iterations, converged, np.sqrt(rn2)
-        first = np.isinf(best).all()
-        best = np.minimum(best, worst)
+        first = rounds == 0
+        if rounds > 0:
+            best = np.minimum(best, worst)
+        rounds += 1
         active = running
         # Applying X M in floating point is exact only to about eps * kappa relative, so a round
         # cannot gain more than that factor on the true measures: stop the inner CG there and let

@@ -38,6 +38,7 @@ def _generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stream=stream,
+        **_speculative_kwargs(args, batch),
     )
     print()
     for i in range(1, batch):
@@ -46,7 +47,49 @@ def _generate(args) -> int:
         f"[{res.n_generated} tokens, batch {batch}: prefill {res.prefill_tokens_per_s:.1f} tok/s, "
         f"decode {res.decode_tokens_per_s:.1f} tok/s, {1e3 * res.time_per_step:.1f} ms/step]"
     )
+    if res.method != "autoregressive":
+        print(
+            f"[{res.method}, drafter {res.stats['drafter']}: {res.mean_accepted:.2f} accepted draft tokens "
+            f"per step and sample, {res.target_forwards} target forwards, "
+            f"{res.tokens_per_forward:.1f} tokens per forward, padding {100 * res.padding_fraction:.0f}%]"
+        )
     return 0
+
+
+def _speculative_kwargs(args, batch) -> dict:
+    if args.method == "autoregressive":
+        return {}
+    kw = {"method": args.method, "drafter": args.drafter, "max_draft": args.max_draft}
+    if args.reference is not None:
+        with open(args.reference, encoding="utf-8") as f:
+            kw["references"] = [f.read()] * batch
+    if args.no_budget:
+        kw["draft_budget"] = None
+    return kw
+
+
+def _demo_speculative(model, tok, max_new_tokens) -> None:
+    """One EMS-SD run against autoregressive decoding: a copy task at batch 4 with LLMA."""
+    import inspect
+    import json
+    import textwrap
+
+    docs = [" ".join(inspect.getdoc(f).split()[:40]) for f in (json.dumps, textwrap.fill, textwrap.wrap, len)]
+    docs = [d for d in docs if d][:4]
+    ask = "Copy this text word for word:\n\n"
+    prompts = [tok.apply_chat_template([{"role": "user", "content": ask + d}]) for d in docs]
+    ar = generate(model, tok, prompts, max_new_tokens=max_new_tokens)
+    ems = generate(
+        model, tok, prompts, max_new_tokens=max_new_tokens, method="ems", drafter="llma", references=docs,
+        draft_budget=None,
+    )  # fmt: skip
+    print("EMS-SD (speculative, LLMA drafter, no padding) against autoregressive, batch 4, copy task:")
+    print(f"  first answer: {ems.texts[0].strip()[:100]!r}")
+    print(
+        f"  autoregressive {ar.decode_tokens_per_s:.1f} tok/s; EMS-SD {ems.decode_tokens_per_s:.1f} tok/s "
+        f"({ems.decode_tokens_per_s / ar.decode_tokens_per_s:.2f}x, {ems.mean_accepted:.2f} accepted draft "
+        f"tokens per step and sample); identical text: {ems.texts == ar.texts}"
+    )
 
 
 def _demo(args) -> int:
@@ -62,6 +105,8 @@ def _demo(args) -> int:
         f"batch {len(prompts)}: {res.n_generated} tokens; prefill {res.prefill_tokens_per_s:.1f} tok/s, "
         f"decode {res.decode_tokens_per_s:.1f} tok/s ({1e3 * res.time_per_step:.1f} ms per step)"
     )
+    print()
+    _demo_speculative(model, tok, args.max_new_tokens)
     return 0
 
 
@@ -78,6 +123,16 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
+    g.add_argument(
+        "--method",
+        choices=["autoregressive", "ems", "vanilla"],
+        default="autoregressive",
+        help="ems: speculative decoding without padding (EMS-SD); vanilla: the padded baseline",
+    )
+    g.add_argument("--drafter", choices=["llma", "prompt_lookup", "draft_model"], default="llma")
+    g.add_argument("--max-draft", type=int, default=7, help="draft tokens per step at most")
+    g.add_argument("--reference", default=None, help="a text FILE the LLMA drafter copies from")
+    g.add_argument("--no-budget", action="store_true", help="verify every draft (no cost-model budget)")
     d = sub.add_parser("demo", help="answer four chat questions at batch 4")
     d.add_argument("--max-new-tokens", type=int, default=48)
     d.add_argument("--model", default="smollm2-135m")
@@ -86,6 +141,6 @@ def main(argv=None) -> int:
         parser.error("--batch must be >= 1")
     try:
         return _generate(args) if args.command == "generate" else _demo(args)
-    except (ValueError, TypeError, ModuleNotFoundError, FileNotFoundError) as e:
+    except (ValueError, TypeError, ModuleNotFoundError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

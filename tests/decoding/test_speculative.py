@@ -442,3 +442,31 @@ def test_cost_model_measured_once_and_cached(tiny64, tmp_path):
     files[0].write_text("{broken")
     again = CostModel.for_model(model, cache_dir=tmp_path)  # a damaged file is measured again
     assert len(again.tokens) == 8
+
+
+def test_cli_speculative(tiny_path, tmp_path, capsys):
+    from decoding import cli
+
+    ref = tmp_path / "ref.txt"
+    ref.write_text("the cat in the hat sat on the mat")
+    base = [
+        "generate",
+        "the cat in the",
+        "--model",
+        str(tiny_path[0]),
+        "--max-new-tokens",
+        "8",
+        "--batch",
+        "2",
+    ]
+    assert cli.main(base) == 0
+    ar_text = capsys.readouterr().out.split("\n[")[0]
+    args = base + ["--method", "ems", "--drafter", "llma", "--reference", str(ref), "--no-budget"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.split("\n[")[0] == ar_text  # same streamed text
+    assert "[ems, drafter llma:" in out and "padding 0%" in out
+    assert cli.main(base + ["--method", "vanilla", "--drafter", "prompt_lookup"]) == 0
+    assert "[vanilla, drafter prompt_lookup:" in capsys.readouterr().out
+    assert cli.main(base + ["--method", "ems", "--reference", str(tmp_path / "missing.txt")]) == 2
+    assert "error:" in capsys.readouterr().err

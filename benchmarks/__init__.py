@@ -11,4 +11,5 @@ AREAS = {
     "operators": "benchmarks.operators",
     "solvers": "benchmarks.solvers",
     "decoding": "benchmarks.decoding_engine",
+    "speculative": "benchmarks.speculative",
 }

@@ -255,21 +255,38 @@ def sparse_apply_dense(k0, k1, s, r, stream, scale, A, out, n_chunks):
 
 
 @njit(parallel=True, cache=True)
-def sparse_apply_dense_fortran(k0, k1, s, r, stream, scale, A, out):
-    """``out = S @ A`` for a column-major A: parallel over columns, each a contiguous stream."""
+def sparse_apply_dense_fortran(k0, k1, s, r, stream, scale, A, out, n_chunks):
+    """``out = S @ A`` for a column-major (n, k) A, without copying it to row-major.
+
+    As :func:`sparse_apply_dense` (row ranges with private accumulators, hashes computed once per
+    block of 256 rows), but each block is consumed column by column: 256 contiguous values of a
+    column scatter into that column's accumulator, stored transposed as (k, r) so the scatter
+    stays within r contiguous values.
+    """
     n, k = A.shape
+    acc = np.zeros((n_chunks, k, r), dtype=out.dtype)
     key0 = np.uint64(k0)
     key1 = np.uint64(k1)
-    for col in prange(k):
-        for i in range(r):
-            out[i, col] = 0.0
-        for j in range(n):
-            x = A[j, col]
-            for t in range(s):
-                row, sign = _sparse_entry(key0, key1, j, t, s, r, stream)
-                out[row, col] += sign * x
-        for i in range(r):
-            out[i, col] *= scale
+    for c in prange(n_chunks):
+        lo = (c * n) // n_chunks
+        hi = ((c + 1) * n) // n_chunks
+        rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
+        signs = np.empty(_HASH_BLOCK * s, dtype=out.dtype)
+        for b0 in range(lo, hi, _HASH_BLOCK):
+            b1 = min(hi, b0 + _HASH_BLOCK)
+            _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
+            for col in range(k):
+                dst = acc[c, col]
+                for j in range(b0, b1):
+                    x = A[j, col]
+                    for t in range(s):
+                        dst[rows[(j - b0) * s + t]] += signs[(j - b0) * s + t] * x
+    for i in prange(r):
+        for col in range(k):
+            total = 0.0
+            for c in range(n_chunks):
+                total += acc[c, col, i]
+            out[i, col] = scale * total
 
 
 @njit(parallel=True, cache=True)

@@ -114,7 +114,7 @@ class SparseSign(SketchOperator):
         out = np.empty((self.sketch_size, A.shape[1]), dtype=A.dtype)
         args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
         if A.flags.f_contiguous and not A.flags.c_contiguous:
-            cpu.sparse_apply_dense_fortran(*args, A, out)
+            cpu.sparse_apply_dense_fortran(*args, A, out, _n_chunks(A.shape[0]))
         else:
             cpu.sparse_apply_dense(*args, np.ascontiguousarray(A), out, _n_chunks(A.shape[0]))
         return out

@@ -470,3 +470,13 @@ def test_cli_speculative(tiny_path, tmp_path, capsys):
     assert "[vanilla, drafter prompt_lookup:" in capsys.readouterr().out
     assert cli.main(base + ["--method", "ems", "--reference", str(tmp_path / "missing.txt")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["speculative", "drafters", "cost_model"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(f"decoding.{module}")
+    res = doctest.testmod(mod, extraglobs={"np": np}, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0

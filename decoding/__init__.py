@@ -10,6 +10,8 @@
 
 from .api import LoadedModel, generate, load_model
 from .config import LlamaConfig
+from .cost_model import CostModel, DraftBudget
+from .drafters import Drafter, DraftModelDrafter, LLMADrafter, PromptLookupDrafter
 from .kv_cache import KVCache
 from .model import Model, PackedBatch
 from .results import GenerationResult
@@ -27,4 +29,10 @@ __all__ = [
     "LlamaConfig",
     "SamplingParams",
     "Tokenizer",
+    "Drafter",
+    "LLMADrafter",
+    "PromptLookupDrafter",
+    "DraftModelDrafter",
+    "CostModel",
+    "DraftBudget",
 ]

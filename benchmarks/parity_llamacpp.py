@@ -210,9 +210,13 @@ def run(record: bool = False):
             ref = their_logits[i]
             rel = float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
             top1 = float(np.mean(np.argmax(ours, -1) == np.argmax(ref, -1)))
-            gen, logits = [], ours[-1:]
+            corr = min(float(np.corrcoef(ours[j], ref[j])[0, 1]) for j in range(len(ids)))
+            gen, logits, gap = [], ours[-1:], float("nan")
             for _ in range(n_greedy):
                 t = int(np.argmax(logits[-1]))
+                other = theirs["greedy"][i][len(gen)]
+                if np.isnan(gap) and t != other:  # how close a tie was it, by our logits?
+                    gap = float((logits[-1][t] - logits[-1][other]) / np.max(np.abs(logits[-1])))
                 gen.append(t)
                 logits = model.forward([t], cache=cache, seq_ids=[s], cu_seqlens=[0, 1])
             same = next(
@@ -224,7 +228,9 @@ def run(record: bool = False):
                     "tokens": len(ids),
                     "max abs Δlogit / max abs logit": rel,
                     "top-1 agreement": top1,
+                    "min logit correlation": corr,
                     f"greedy tokens identical (of {n_greedy})": same,
+                    "our top-2 gap where they part (/ max logit)": gap,
                 }
             )
     ours_tok = [tok.encode(s) for s in strings]
@@ -234,8 +240,11 @@ def run(record: bool = False):
         + (f"; first differing: {strings[diff[0]]!r}" if diff else "")
     )
     report.notes.append(
-        "llama.cpp quantizes activations to 8 bits for its Q4_1/Q8_0 dot products; we dequantize the "
-        "weights to float32, so logits differ slightly and greedy paths can part where two tokens nearly tie"
+        "llama.cpp quantizes activations to 8 bits for its Q4_1/Q8_0 dot products (and keeps its KV cache "
+        "in float16); we dequantize the weights to float32 and compute in float32. The difference is "
+        "already present at the first position (no RoPE, no cache), logits stay correlated > 0.99, and "
+        "greedy paths part only where our two best tokens are within a fraction of a percent of the "
+        "largest logit: quantization noise, not a model difference"
     )
     print(report.to_markdown())
     if record:

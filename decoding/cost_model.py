@@ -210,7 +210,9 @@ class DraftBudget:
         g = (a.sum() + 2 * self.prior) / (a.sum() + r.sum() + 2)
         return np.clip((a + 2 * g) / (a + r + 2), 1e-6, 1 - 1e-6)
 
-    def allocate(self, alphas, lengths, *, padded: bool = False, include_draft_cost: bool = False):
+    def allocate(
+        self, alphas, lengths, *, padded: bool = False, include_draft_cost: bool = False, setup=None
+    ):
         """Draft lengths (``<= lengths``) that maximise expected tokens per second for this step.
 
         Parameters
@@ -222,7 +224,12 @@ class DraftBudget:
         padded : bool
             Cost the forward as the padded layout does: ``B * (1 + longest draft)`` tokens.
         include_draft_cost : bool
-            Add the draft model's cost (one forward per draft step over the drafting samples).
+            Add the draft model's cost: a first forward that feeds each drafting sample's ``setup``
+            tokens (what its draft cache lacks of the context: the prompt at the first step, the
+            accepted tokens later), then one forward of one token per drafting sample per further
+            draft step.
+        setup : int array [B], optional
+            Tokens the drafter must feed before a sample's first draft token (default 1 each).
         """
         alphas = np.asarray(alphas, dtype=float)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -239,13 +246,20 @@ class DraftBudget:
         N = np.arange(gain.size)
         longest = np.concatenate([[0], np.maximum.accumulate(j)])  # longest draft among the first N
         drafting = np.concatenate([[0], np.cumsum(j == 1)])  # samples with a draft among the first N
+        setup = (
+            np.ones(B, dtype=np.int64) if setup is None else np.maximum(np.asarray(setup, dtype=np.int64), 1)
+        )
+        fed = np.concatenate([[0], np.cumsum(np.where(j == 1, setup[samp], 0))])  # first draft forward
         if padded:
             cost = self.target_cost.cost(B * (1 + longest), B)
         else:
             cost = self.target_cost.cost(B + N, B)
         if include_draft_cost and self.draft_cost is not None:
-            dc = np.array([self.draft_cost.cost(max(n, 1), max(n, 1)) for n in drafting])
-            cost = cost + np.where(N > 0, longest * dc, 0.0)
+            first = np.array(
+                [self.draft_cost.cost(max(f, 1), max(n, 1)) for f, n in zip(fed, drafting, strict=True)]
+            )
+            later = np.array([self.draft_cost.cost(max(n, 1), max(n, 1)) for n in drafting])
+            cost = cost + np.where(N > 0, first + np.maximum(longest - 1, 0) * later, 0.0)
         rate = gain / cost
         best = int(np.argmax(rate))  # ties: the fewest draft tokens
         out = np.zeros(B, dtype=np.int64)

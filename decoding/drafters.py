@@ -186,6 +186,16 @@ class DraftModelDrafter(Drafter):
         self._seq = [self._cache.allocate() for _ in prompts]
         self._held: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in prompts]  # tokens in cache
 
+    def pending(self, contexts, samples) -> np.ndarray:
+        """Tokens each sample's draft cache lacks of its context (what a proposal must feed first)."""
+        out = np.empty(len(contexts), dtype=np.int64)
+        for j, (ctx, s) in enumerate(zip(contexts, samples, strict=True)):
+            held = self._held[s]
+            m = min(held.size, len(ctx) - 1)
+            neq = np.flatnonzero(held[:m] != np.asarray(ctx[:m]))
+            out[j] = len(ctx) - (int(neq[0]) if neq.size else m)
+        return out
+
     def end(self, sample: int) -> None:
         self._cache.reset(self._seq[sample])
         self._held[sample] = np.zeros(0, dtype=np.int64)

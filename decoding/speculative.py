@@ -263,9 +263,11 @@ def speculative_generate(
         A = len(active)
         room = np.array([min(k, max_new_tokens - len(out[i]) - 1) for i in active], dtype=np.int64)
         alphas = budget.alphas(acc_n[active], rej_n[active]) if budget is not None else None
-        if budget is not None and budget.draft_cost is not None:
-            room = np.minimum(room, budget.allocate(alphas, room, padded=vanilla, include_draft_cost=True))
         contexts = [np.concatenate([prompts_np[i], np.asarray(out[i], dtype=np.int64)]) for i in active]
+        if budget is not None and budget.draft_cost is not None:  # plan before drafting: it costs
+            setup = drafter.pending(contexts, active) if hasattr(drafter, "pending") else None
+            plan = budget.allocate(alphas, room, padded=vanilla, include_draft_cost=True, setup=setup)
+            room = np.minimum(room, plan)
         drafts = drafter.propose(contexts, room, active)
         qprobs = drafter.proposal_probs
         drafts = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(drafts)]

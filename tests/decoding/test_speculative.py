@@ -231,6 +231,10 @@ def test_draft_model_drafter_is_greedy_decoding_of_the_draft_model(tiny64):
     ctx[1] = np.concatenate([ctx[1], drafts[1], [9]])
     drafts = d.propose(ctx, [4, 0], [0, 1])
     assert drafts[0].tolist() == greedy_small(ctx[0], 4) and drafts[1].tolist() == []
+    # what the draft cache lacks: sample 0 holds its context plus 3 of its 4 drafts, sample 1 its
+    # old context plus its 2 first drafts (the third draft and the bonus token are new)
+    ctx2 = [np.concatenate([ctx[0], drafts[0][:1], [5]]), ctx[1]]
+    assert d.pending(ctx2, [0, 1]).tolist() == [1, 2]
     drafts = d.propose(ctx, [2, 2], [0, 1])  # nothing accepted: proposes the same again
     assert drafts[0].tolist() == greedy_small(ctx[0], 2) and drafts[1].tolist() == greedy_small(ctx[1], 2)
 
@@ -424,6 +428,17 @@ def test_budget_allocation_is_optimal_and_never_below_autoregressive(alphas, len
     best = max(rate(n) for n in itertools.product(*[range(x + 1) for x in L]))
     assert rate(got) == pytest.approx(best, rel=1e-12)
     assert rate(got) >= rate([0] * B) * (1 - 1e-12)  # never below the autoregressive step
+
+
+def test_budget_counts_the_draft_models_catch_up():
+    """A draft model that must first feed a whole prompt is not worth it; one token behind, it is."""
+    target = CostModel((1, 8, 64), (1.0, 1.2, 4.0))
+    draft = CostModel((1, 8, 64, 512), (0.1, 0.15, 0.5, 4.0))
+    budget = DraftBudget(target, draft)
+    a, room = np.array([0.7, 0.7]), np.array([3, 3])
+    assert budget.allocate(a, room, include_draft_cost=True, setup=[1, 1]).tolist() == [3, 3]
+    assert budget.allocate(a, room, include_draft_cost=True, setup=[200, 200]).tolist() == [0, 0]
+    assert budget.allocate(a, room, include_draft_cost=False, setup=[200, 200]).tolist() == [3, 3]
 
 
 def test_budget_alphas_follow_history():

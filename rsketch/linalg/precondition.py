@@ -29,7 +29,6 @@ minimum-norm solution.
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
 import numpy as np
@@ -236,20 +235,23 @@ def predicted_rate(p: int, r: int) -> float:
 
 
 def default_max_iter(p: int, r: int) -> int:
-    """Enough iterations for a ``1e-16`` reduction at the predicted rate, doubled, plus 10."""
+    """Enough iterations for a ``1e-16`` reduction at the predicted rate, doubled, plus 10.
+
+    Examples
+    --------
+    >>> default_max_iter(100, 2000)
+    60
+    """
     rate = min(predicted_rate(p, r), 0.95)
     return int(2 * math.ceil(math.log(1e-16) / math.log(rate)) + 10)
 
 
 def warn_not_converged(method, iterations, gnorm, tol):
+    """Issue the :class:`ConvergenceWarning` of a run that stopped with ``converged=False``."""
     warnings.warn(
-        f"lstsq(method={method!r}) stopped after {iterations} iterations with relative preconditioned "
-        f"gradient {gnorm:.3g} > tol={tol:.3g}; the result has converged=False. Raise max_iter or "
-        "sketch_size, or loosen tol.",
+        f"lstsq(method={method!r}) stopped after {iterations} iterations with error measure "
+        f"{gnorm:.3g} > tol={tol:.3g} (and above the rounding floor); the result has converged=False. "
+        "Raise max_iter or sketch_size, or loosen tol.",
         ConvergenceWarning,
         stacklevel=3,
     )
-
-
-def _timer():
-    return time.perf_counter()

@@ -208,10 +208,10 @@ def _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs):
             signs[(j - b0) * s + t] = sign
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _reduce_chunks(acc, scale, out):
     n_chunks, r, k = acc.shape
-    for i in prange(r):
+    for i in range(r):
         for col in range(k):
             total = 0.0
             for c in range(n_chunks):
@@ -223,7 +223,7 @@ _sparse_pattern_ser = njit(cache=True)(_sparse_pattern_par.py_func)
 
 
 @njit(parallel=True, cache=True)
-def sparse_apply_dense(k0, k1, s, r, stream, scale, A, out, n_chunks):
+def _sparse_apply_dense_par(k0, k1, s, r, stream, scale, A, out, n_chunks):
     """``out = S @ A`` for a row-major (n, k) A by hash-then-scatter-add.
 
     The rows of A are split into ``n_chunks`` contiguous ranges (a function of n only, so the
@@ -255,7 +255,7 @@ def sparse_apply_dense(k0, k1, s, r, stream, scale, A, out, n_chunks):
 
 
 @njit(parallel=True, cache=True)
-def sparse_apply_dense_fortran(k0, k1, s, r, stream, scale, A, out, n_chunks):
+def _sparse_apply_dense_fortran_par(k0, k1, s, r, stream, scale, A, out, n_chunks):
     """``out = S @ A`` for a column-major (n, k) A, without copying it to row-major.
 
     As :func:`sparse_apply_dense` (row ranges with private accumulators, hashes computed once per
@@ -290,7 +290,7 @@ def sparse_apply_dense_fortran(k0, k1, s, r, stream, scale, A, out, n_chunks):
 
 
 @njit(parallel=True, cache=True)
-def sparse_apply_csr(k0, k1, s, r, stream, scale, indptr, indices, data, n, k, out, n_chunks):
+def _sparse_apply_csr_par(k0, k1, s, r, stream, scale, indptr, indices, data, n, k, out, n_chunks):
     """``out = S @ A`` for a CSR matrix A (n, k): scatter each stored row into its hashed rows."""
     acc = np.zeros((n_chunks, r, k), dtype=out.dtype)
     key0 = np.uint64(k0)
@@ -314,7 +314,7 @@ def sparse_apply_csr(k0, k1, s, r, stream, scale, indptr, indices, data, n, k, o
 
 
 @njit(parallel=True, cache=True)
-def sparse_adjoint(k0, k1, s, r, stream, scale, Z, out):
+def _sparse_adjoint_par(k0, k1, s, r, stream, scale, Z, out):
     """``out = S.T @ Z`` for a dense (r, k) Z: row j of out gathers its s hashed rows of Z."""
     n, k = out.shape
     key0 = np.uint64(k0)
@@ -399,7 +399,7 @@ _SRHT_GROUP = 8  # columns per work item: one 64-byte cache line of a row-major 
 
 
 @njit(parallel=True, cache=True)
-def srht_apply(k0, k1, stream, n_pad, rows, scale, A, out):
+def _srht_apply_par(k0, k1, stream, n_pad, rows, scale, A, out):
     """``out = scale * (H D A_pad)[rows]`` with D the Philox signs, H the n_pad-point FWHT.
 
     Work items are groups of 8 columns: each gathers its columns (times the signs) into a
@@ -438,7 +438,7 @@ def srht_apply(k0, k1, stream, n_pad, rows, scale, A, out):
 
 
 @njit(parallel=True, cache=True)
-def srht_adjoint(k0, k1, stream, n_pad, rows, scale, Z, out):
+def _srht_adjoint_par(k0, k1, stream, n_pad, rows, scale, Z, out):
     """``out = scale * D H^T P^T Z`` truncated to the first n rows (H is symmetric)."""
     n, k = out.shape
     r = rows.shape[0]
@@ -459,3 +459,44 @@ def srht_adjoint(k0, k1, stream, n_pad, rows, scale, Z, out):
                 out[j + 2, c] = scale * (1.0 - 2.0 * np.float64(w2 & np.uint64(1))) * buf[j + 2]
             if j + 3 < n:
                 out[j + 3, c] = scale * (1.0 - 2.0 * np.float64(w3 & np.uint64(1))) * buf[j + 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points of the apply kernels: one thread below _PARALLEL_MIN_ENTRIES values touched,
+# the thread pool above (waking it costs more than a small product, and up to milliseconds per
+# call on a loaded machine).
+# ---------------------------------------------------------------------------------------------
+_PARALLEL_MIN_ENTRIES = 1 << 18
+
+
+def _with_serial_twin(parallel_kernel, work):
+    serial_kernel = njit(cache=True)(parallel_kernel.py_func)
+
+    def kernel(*args):
+        chosen = parallel_kernel if work(*args) >= _PARALLEL_MIN_ENTRIES else serial_kernel
+        return chosen(*args)
+
+    kernel.__name__ = parallel_kernel.py_func.__name__.removeprefix("_").removesuffix("_par")
+    kernel.__doc__ = parallel_kernel.py_func.__doc__
+    return kernel
+
+
+sparse_apply_dense = _with_serial_twin(
+    _sparse_apply_dense_par, lambda k0, k1, s, r, stream, scale, A, out, n_chunks: A.size * s
+)
+sparse_apply_dense_fortran = _with_serial_twin(
+    _sparse_apply_dense_fortran_par, lambda k0, k1, s, r, stream, scale, A, out, n_chunks: A.size * s
+)
+sparse_apply_csr = _with_serial_twin(
+    _sparse_apply_csr_par,
+    lambda k0, k1, s, r, stream, scale, indptr, indices, data, n, k, out, n_chunks: (data.size + n) * s,
+)
+sparse_adjoint = _with_serial_twin(
+    _sparse_adjoint_par, lambda k0, k1, s, r, stream, scale, Z, out: out.size * s
+)
+srht_apply = _with_serial_twin(
+    _srht_apply_par, lambda k0, k1, stream, n_pad, rows, scale, A, out: n_pad * A.shape[1]
+)
+srht_adjoint = _with_serial_twin(
+    _srht_adjoint_par, lambda k0, k1, stream, n_pad, rows, scale, Z, out: n_pad * out.shape[1]
+)

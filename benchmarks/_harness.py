@@ -26,6 +26,24 @@ def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def median_times_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1) -> dict:
+    """Median wall times of several callables measured in alternation (A B A B ...).
+
+    On a shared machine the speed drifts over seconds; alternating the contenders gives each
+    the same conditions, so their ratio is far steadier than from back-to-back blocks.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def peak_memory(fn) -> int:
     """Peak bytes allocated through Python/NumPy allocators while ``fn()`` runs (tracemalloc)."""
     tracemalloc.start()

@@ -26,11 +26,13 @@ def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def median_times_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1) -> dict:
+def median_times_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1, settle: float = 0.3) -> dict:
     """Median wall times of several callables measured in alternation (A B A B ...).
 
     On a shared machine the speed drifts over seconds; alternating the contenders gives each
-    the same conditions, so their ratio is far steadier than from back-to-back blocks.
+    the same conditions, so their ratio is far steadier than from back-to-back blocks. A pause
+    of ``settle`` seconds precedes each timing: OpenBLAS's idle threads spin for about 0.1 s
+    after a call, and would otherwise steal a core from whichever contender runs next.
     """
     for fn in fns.values():
         for _ in range(warmup):
@@ -38,6 +40,7 @@ def median_times_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1) ->
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            time.sleep(settle)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -137,3 +137,18 @@ def test_bad_sample_weight():
         SketchedLinearRegression().fit(X, y, sample_weight=np.ones(10))
     with pytest.raises(ValueError, match="[Nn]egative"):
         SketchedLinearRegression().fit(X, y, sample_weight=-np.ones(500))
+
+
+@pytest.mark.parametrize("Est", [SketchedLinearRegression, SketchedRidge])
+def test_feature_names_from_a_dataframe(Est):
+    pd = pytest.importorskip("pandas", reason="pandas is in the test extra")
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame(rng.standard_normal((300, 3)), columns=["a", "b", "c"])
+    y = X.to_numpy() @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.standard_normal(300)
+    est = Est(random_state=0).fit(X, y)
+    assert list(est.feature_names_in_) == ["a", "b", "c"] and est.n_features_in_ == 3
+    with pytest.warns(UserWarning, match="does not have valid feature names"):
+        plain = est.predict(X.to_numpy())
+    np.testing.assert_allclose(est.predict(X), plain)
+    with pytest.raises(ValueError, match="feature names"):
+        est.predict(X.rename(columns={"a": "z"}))

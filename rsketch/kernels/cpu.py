@@ -9,6 +9,7 @@ here and from NumPy's there). Kernels never validate: callers pass checked, cont
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 from numba import njit, prange
@@ -60,6 +61,22 @@ def _bounded(w, bound):
     return np.int64((w * np.uint64(bound)) >> _S32)
 
 
+def _serial_twin(parallel_kernel, **options):
+    """A one-thread compilation of a parallel kernel's Python source.
+
+    The copy gets its own ``__qualname__``: numba names its on-disk cache after the function, and
+    twins sharing one name would share (and overwrite) one cache entry, so a process could load
+    the serial machine code for the parallel kernel or the reverse.
+    """
+    f = parallel_kernel.py_func
+    twin = types.FunctionType(
+        f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__
+    )
+    twin.__qualname__ = f.__qualname__ + "_serial"
+    twin.__doc__ = f.__doc__
+    return njit(cache=True, **options)(twin)
+
+
 # Below this many units of work a kernel runs on one thread: waking a thread pool costs more than
 # the work itself (and, on a loaded machine, up to milliseconds per call).
 _PARALLEL_MIN_WORK = 1 << 14
@@ -86,7 +103,7 @@ def _philox_words_par(k0, k1, start, count, n_blocks, stream):
     return out
 
 
-_philox_words_ser = njit(cache=True)(_philox_words_par.py_func)
+_philox_words_ser = _serial_twin(_philox_words_par)
 
 
 @njit(inline="always")
@@ -151,7 +168,7 @@ def _gaussian_columns_par(k0, k1, start, stop, r, stream, out, X):
 # The same kernel on one thread, releasing the GIL: GaussianSketch runs one per worker thread,
 # each alternating generation and a one-thread BLAS product, so numba's and BLAS's thread pools
 # never compete (their spin-waiting doubled the time when they alternated on two cores).
-gaussian_columns_serial = njit(nogil=True, cache=True)(_gaussian_columns_par.py_func)
+gaussian_columns_serial = _serial_twin(_gaussian_columns_par, nogil=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +236,7 @@ def _reduce_chunks(acc, scale, out):
             out[i, col] = scale * total
 
 
-_sparse_pattern_ser = njit(cache=True)(_sparse_pattern_par.py_func)
+_sparse_pattern_ser = _serial_twin(_sparse_pattern_par)
 
 
 @njit(parallel=True, cache=True)
@@ -470,7 +487,7 @@ _PARALLEL_MIN_ENTRIES = 1 << 18
 
 
 def _with_serial_twin(parallel_kernel, work):
-    serial_kernel = njit(cache=True)(parallel_kernel.py_func)
+    serial_kernel = _serial_twin(parallel_kernel)
 
     def kernel(*args):
         chosen = parallel_kernel if work(*args) >= _PARALLEL_MIN_ENTRIES else serial_kernel

@@ -51,7 +51,9 @@ class GaussianSketch(SketchOperator):
         return G  # G[j - start, i] = unscaled S[i, j]
 
     def _fast_columns(self, start, stop):
-        return self._unscaled_columns_numpy(start, stop).T * (1.0 / math.sqrt(self.sketch_size))
+        G = self._unscaled_columns_numpy(start, stop)
+        G *= 1.0 / math.sqrt(self.sketch_size)  # in place: no second (stop - start) x r array
+        return G.T
 
     def _reference_columns(self, start, stop, xp):
         G = ziggurat_columns(xp, self.key, start, stop, self.sketch_size)

@@ -33,7 +33,7 @@ def _breakdown(kind, X, y, r, draws=3):
     for i in range(draws):
         t0 = time.perf_counter()
         S = rsketch.make_sketch(kind, X.shape[0], r, seed=i, **opts)
-        op = eff_mod._apply_wrapper(S)  # for Gaussian: generates the dense S once
+        op = eff_mod._apply_wrapper(S, {})  # for Gaussian: generates the dense S once
         t1 = time.perf_counter()
         SB = op @ B
         t2 = time.perf_counter()

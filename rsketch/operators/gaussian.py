@@ -50,6 +50,34 @@ class GaussianSketch(SketchOperator):
         cpu.gaussian_columns(self.key[0], self.key[1], start, stop, self.sketch_size, STREAM_GAUSS, G, ZIG_X)
         return G  # G[j - start, i] = unscaled S[i, j]
 
+    def fill_transposed(self, out: np.ndarray) -> np.ndarray:
+        """Write ``S.T`` (shape ``(n_rows, sketch_size)``, row-major) into ``out`` and return it.
+
+        For callers that reuse one dense copy of many Gaussian sketches of the same shape (e.g.
+        :func:`rsketch.efficiency`): no allocation, and ``out.T`` is ``S`` for BLAS products.
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> S = rsketch.GaussianSketch(50, 5, seed=0)
+        >>> np.array_equal(S.fill_transposed(np.empty((50, 5))).T, S.to_dense())
+        True
+        """
+        if (
+            out.shape != (self.n_rows, self.sketch_size)
+            or out.dtype != np.float64
+            or not out.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"out must be a C-contiguous float64 array of shape {(self.n_rows, self.sketch_size)}, "
+                f"got {out.dtype} {out.shape}"
+            )
+        cpu.gaussian_columns(
+            self.key[0], self.key[1], 0, self.n_rows, self.sketch_size, STREAM_GAUSS, out, ZIG_X
+        )
+        out *= 1.0 / math.sqrt(self.sketch_size)
+        return out
+
     def _fast_columns(self, start, stop):
         G = self._unscaled_columns_numpy(start, stop)
         G *= 1.0 / math.sqrt(self.sketch_size)  # in place: no second (stop - start) x r array

@@ -296,21 +296,23 @@ def _is_rank_deficient(s: np.ndarray, shape: tuple[int, int], p: int) -> bool:
 
 
 class _DenseColumns:
-    """A Gaussian sketch materialised once (column block by column block), so both products reuse it."""
+    """A Gaussian sketch materialised once, so both products reuse it.
 
-    def __init__(self, S):
-        n, r = S.n_rows, S.sketch_size
-        self.dense = np.empty((r, n))
-        step = max(1, (1 << 22) // r)
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            self.dense[:, a:b] = S.columns(a, b)
+    ``buffers`` (one dict per ``efficiency`` call) keeps the ``n x r`` array across draws: the
+    sketch is written in place (``GaussianSketch.fill_transposed``), never reallocated.
+    """
+
+    def __init__(self, S, buffers):
+        shape = (S.n_rows, S.sketch_size)
+        if buffers.get("dense_t") is None or buffers["dense_t"].shape != shape:
+            buffers["dense_t"] = np.empty(shape)
+        self.dense_t = S.fill_transposed(buffers["dense_t"])  # S.T, row-major
 
     def __matmul__(self, A):
-        return self.dense @ A
+        return self.dense_t.T @ A
 
     def adjoint(self, Z):
-        return self.dense.T @ Z
+        return self.dense_t @ Z
 
 
 class _Operator:
@@ -324,16 +326,16 @@ class _Operator:
         return self.S.T @ Z
 
 
-def _apply_wrapper(S):
+def _apply_wrapper(S, buffers):
     if S.kind == "gaussian" and 8 * S.n_rows * S.sketch_size <= _GAUSSIAN_CACHE_BYTES:
-        return _DenseColumns(S)
+        return _DenseColumns(S, buffers)
     return _Operator(S)
 
 
-def _closed_form_draw(S, U, y_parts):
+def _closed_form_draw(S, U, y_parts, buffers):
     """(pe, wc or nan, rank_deficient) for one sketch, by the closed form."""
     n, p = U.shape
-    op = _apply_wrapper(S)
+    op = _apply_wrapper(S, buffers)
     B = U if y_parts is None else np.ascontiguousarray(np.column_stack([U, y_parts[0]]))
     SB = op @ B
     SU = SB[:, :p]
@@ -505,12 +507,13 @@ def efficiency(
     re = np.full(n_sketches, math.nan)
     wc = np.full(n_sketches, math.nan) if y is not None else None
     deficient = np.zeros(n_sketches, dtype=bool)
+    buffers = {}  # work arrays reused across draws
     bar = tqdm(total=n_sketches, disable=not progress, desc=f"efficiency[{sketch}, r={r}]", leave=False)
     try:
         for i in range(n_sketches):
             S = make_sketch(sketch, n, r, seed=seeds[i], **options)
             if method == "closed_form":
-                pe_i, wc_i, bad = _closed_form_draw(S, U, y_parts)
+                pe_i, wc_i, bad = _closed_form_draw(S, U, y_parts, buffers)
                 re_i = math.nan if bad else 1.0 + p * (pe_i - 1.0) / (n - p)
             else:
                 pe_i, re_i, wc_i, bad = _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seeds[i])

@@ -190,14 +190,22 @@ def ziggurat_columns(xp, key, start, stop, r):
 
 
 def bounded_from_words(xp, w, bound):
-    """Map uint32 words to integers in ``[0, bound)`` by Lemire's multiply-shift (bias < bound/2**32)."""
-    return xp.astype((xp.astype(w, xp.uint64) * xp.asarray(int(bound), dtype=xp.uint64)) >> 32, xp.int64)
+    """Map uint32 words to integers in ``[0, bound)`` by Lemire's multiply-shift (bias < bound/2**32).
+
+    ``bound`` is an int or an integer array broadcasting against ``w``.
+    """
+    bound = xp.astype(xp.asarray(bound), xp.uint64)
+    return xp.astype((xp.astype(w, xp.uint64) * bound) >> 32, xp.int64)
+
+
+def uniform53_from_words(xp, w_lo, w_hi):
+    """A uniform in [0, 1) with 53 random bits from two words (21 of ``w_lo``, all 32 of ``w_hi``)."""
+    return (xp.astype(w_hi, xp.float64) * 2097152.0 + xp.astype(w_lo >> 11, xp.float64)) * (2.0**-53)
 
 
 def bounded64_from_words(xp, w_lo, w_hi, bound):
     """Integers in ``[0, bound)`` from two words (a 53-bit uniform), for bounds up to 2**40."""
-    u = (xp.astype(w_hi, xp.float64) * 2097152.0 + xp.astype(w_lo >> 11, xp.float64)) * (2.0**-53)
-    return xp.astype(xp.floor(u * bound), xp.int64)
+    return xp.astype(xp.floor(uniform53_from_words(xp, w_lo, w_hi) * bound), xp.int64)
 
 
 def key_from_seed(seed) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from rsketch._random import (
     key_from_seed,
     random_words,
     select_without_replacement,
+    uniform53_from_words,
 )
 from rsketch._validation import check_operand, check_option
 from rsketch.kernels import cpu
@@ -205,7 +206,7 @@ class LeverageSampling(_RowSampling):
         return self._idx
 
     def _invert(self, w_lo, w_hi):
-        u = (w_hi.astype(np.float64) * 2097152.0 + (w_lo >> np.uint32(11)).astype(np.float64)) * 2.0**-53
+        u = uniform53_from_words(np, w_lo, w_hi)
         idx = np.searchsorted(self._cdf, u * self._cdf[-1], side="right")
         return np.minimum(idx, self.n_rows - 1).astype(np.int64)
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from rsketch._random import STREAM_ROW, random_words, signs_from_words
+from rsketch._random import STREAM_ROW, bounded_from_words, random_words, signs_from_words
 from rsketch._validation import check_int
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
@@ -85,8 +85,7 @@ class SparseSign(SketchOperator):
         w_sign = xp.where(odd, w[3], w[1])
         lo = (t * r) // s
         hi = ((t + 1) * r) // s
-        # Lemire's multiply-shift with a per-block bound (as bounded_from_words, vectorised over t).
-        rows = lo + xp.astype((xp.astype(w_row, xp.uint64) * xp.astype(hi - lo, xp.uint64)) >> 32, xp.int64)
+        rows = lo + bounded_from_words(xp, w_row, hi - lo)  # one bound per row block t
         return rows, signs_from_words(xp, w_sign, xp.float64)
 
     def _dense_from_pattern(self, rows, signs, start, stop, xp):

@@ -22,29 +22,6 @@ def n_chunks(n: int) -> int:
     return min(16, max(1, n // 8192))
 
 
-def _gram_apply_vector_py(X, v, nchunks):  # pragma: no cover - compiled
-    n, p = X.shape
-    acc = np.zeros((nchunks, p))
-    nrm = np.zeros(nchunks)
-    for c in prange(nchunks):
-        a = c * n // nchunks
-        b = (c + 1) * n // nchunks
-        for i in range(a, b):
-            t = 0.0
-            for j in range(p):
-                t += X[i, j] * v[j]
-            nrm[c] += t * t
-            for j in range(p):
-                acc[c, j] += t * X[i, j]
-    out = np.zeros((p, 1))
-    norms = np.zeros(1)
-    for c in range(nchunks):
-        norms[0] += nrm[c]
-        for j in range(p):
-            out[j, 0] += acc[c, j]
-    return out, norms
-
-
 def _gram_apply_block_py(X, V, nchunks):  # pragma: no cover - compiled
     n, p = X.shape
     k = V.shape[1]
@@ -164,10 +141,6 @@ def _residual_gradient_py(X, Y, B, nchunks):  # pragma: no cover - compiled
 # 1000 x 10 input on a loaded machine, against microseconds serial).
 _PARALLEL_MIN_ENTRIES = 1 << 18
 
-_gram_vector = (
-    njit(fastmath=_FM, cache=True)(_gram_apply_vector_py),
-    njit(parallel=True, fastmath=_FM, cache=True)(_gram_apply_vector_py),
-)
 _gram_block = (
     njit(fastmath=_FM, cache=True)(_gram_apply_block_py),
     njit(parallel=True, fastmath=_FM, cache=True)(_gram_apply_block_py),
@@ -185,8 +158,8 @@ def _pick(pair, X):
 
 def gram_apply(X, V, nchunks):
     """``(X.T @ (X @ V), colwise ||X @ V||**2)`` in one pass over ``X`` (``V``: ``(p, k)``)."""
-    if V.shape[1] == 1:
-        return _pick(_gram_vector, X)(X, np.ascontiguousarray(V[:, 0]), nchunks)
+    # One kernel for every k: for k = 1 it measured faster (0.020 s per pass at n = 500,000,
+    # p = 100) than a kernel specialised to a vector (0.026 s); a plain read of X takes 0.019 s.
     return _pick(_gram_block, X)(X, np.ascontiguousarray(V), nchunks)
 
 

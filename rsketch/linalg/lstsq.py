@@ -22,23 +22,27 @@ from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 METHODS = ("sketch_and_solve", "precondition", "ihs")
 
 # Default sketch size, as a multiple of p (capped at n; never below 2 p).
-SKETCH_FACTOR = {"sketch_and_solve": 20, "precondition": 20, "ihs": 10}
+SKETCH_FACTOR = {"sketch_and_solve": 20, "precondition": 40, "ihs": 10}
+# Nonzeros per column of the sparse sign sketch lstsq builds for preconditioning (the operator's
+# own default, 8, is kept for sketch-and-solve, whose answer is the sketch's estimate).
+PRECONDITION_NNZ = 2
 DEFAULT_TOL = {"precondition": 4 * np.finfo(np.float64).eps, "ihs": 1e-12}
 
 
 def default_sketch_size(method: str, n: int, p: int) -> int:
     """The documented default ``sketch_size`` for ``method``: ``min(n, c p)``, at least ``2 p``.
 
-    ``c = 20`` for ``"precondition"`` and ``"sketch_and_solve"``, ``10`` for ``"ihs"``. For
-    preconditioning, ``r = 20 p`` gives a CG contraction of about ``sqrt(p / r) = 0.22`` per pass;
-    we measured it fastest at ``n = 500,000, p = 100`` among ``4 p .. 40 p`` (docs/solvers.md). For
-    sketch-and-solve the expected squared-residual ratio is about ``1 + p / (r - p) = 1.05``.
-    IHS draws a new sketch each iteration, so it uses a smaller one.
+    ``c = 40`` for ``"precondition"``, ``20`` for ``"sketch_and_solve"``, ``10`` for ``"ihs"``. For
+    preconditioning, ``r = 40 p`` gives a CG contraction of about ``sqrt(p / r) = 0.16`` per pass
+    over ``X``; at ``n = 500,000, p = 100`` we measured ``r = 20, 40, 80 p`` at 22, 18 and 15
+    iterations, and ``40 p`` fastest overall (the sketch and its QR grow with ``r``;
+    docs/solvers.md). For sketch-and-solve the expected squared-residual ratio is about
+    ``1 + p / (r - p) = 1.05``. IHS draws a new sketch each iteration, so it uses a smaller one.
 
     Examples
     --------
     >>> default_sketch_size("precondition", 100_000, 50)
-    1000
+    2000
     >>> default_sketch_size("ihs", 300, 50)
     300
     """
@@ -136,14 +140,22 @@ def resolve_sketch(sketch, n, p, sketch_size, method, seed, X):
             f"precondition); got sketch_size={r}"
         )
     if S is None:
-        S = build_sketch(sketch, n, r, seed, X)
+        S = build_sketch(sketch, n, r, seed, X, method)
     return S, r
 
 
-def build_sketch(kind, n, r, seed, X):
-    """``make_sketch(kind, n, r, seed=seed)``; leverage scores are computed exactly from ``X``."""
+def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
+    """``make_sketch(kind, n, r, seed=seed)``; leverage scores are computed exactly from ``X``.
+
+    For ``method="precondition"`` a sparse sign sketch gets ``PRECONDITION_NNZ = 2`` nonzeros per
+    column: the sketch only has to make ``X M`` well conditioned, which ``r = 40 p`` rows do
+    with two nonzeros as well as with eight (18 iterations either way at ``n = 500,000,
+    p = 100``), and each nonzero costs a scattered add per entry of ``X`` (0.06 s against 0.15 s).
+    """
     if kind == "leverage":
         return make_sketch(kind, n, r, seed=seed, A=X)
+    if kind == "sparse_sign" and method == "precondition":
+        return make_sketch(kind, n, r, seed=seed, nnz_per_column=min(PRECONDITION_NNZ, r))
     return make_sketch(kind, n, r, seed=seed)
 
 
@@ -171,12 +183,13 @@ def lstsq(
     sketch : str or SketchOperator, default "sparse_sign"
         A kind for :func:`rsketch.make_sketch` (``"gaussian"``, ``"srht"``, ``"countsketch"``,
         ``"sparse_sign"``, ``"leverage"``, ``"uniform"``), or an operator of shape ``(r, n)``.
-        ``"sparse_sign"`` (8 nonzeros per column) is one cheap pass over ``X`` and embeds as well
-        as a Gaussian at this size. ``"leverage"`` computes exact leverage scores (``O(n p^2)``).
+        ``"sparse_sign"`` (8 nonzeros per column; 2 when it only preconditions, see
+        :func:`build_sketch`) is one cheap pass over ``X`` and embeds as well as a Gaussian at
+        this size. ``"leverage"`` computes exact leverage scores (``O(n p^2)``).
     sketch_size : int, optional
-        ``r``. Default :func:`default_sketch_size`: ``min(n, 20 p)`` for ``"precondition"`` and
-        ``"sketch_and_solve"``, ``min(n, 10 p)`` for ``"ihs"`` (at least ``2 p``). Must be ``>= p``
-        for ``"precondition"`` and ``"ihs"``.
+        ``r``. Default :func:`default_sketch_size`: ``min(n, 40 p)`` for ``"precondition"``,
+        ``min(n, 20 p)`` for ``"sketch_and_solve"``, ``min(n, 10 p)`` for ``"ihs"`` (at least
+        ``2 p``). Must be ``>= p`` for ``"precondition"`` and ``"ihs"``.
     method : {"precondition", "sketch_and_solve", "ihs"}, default "precondition"
         ``"sketch_and_solve"``: ``argmin ||S (X coef - y)||``, the estimator Raskutti & Mahoney study
         (one sketch, no pass over ``X`` beyond it and the residual; accuracy ``1 + O(p/r)`` in the
@@ -192,7 +205,7 @@ def lstsq(
         sketch-and-solve.
     max_iter : int, optional
         Most iterations (passes over ``X``). Default: twice the count the sketch size predicts for a
-        ``1e-16`` reduction, plus 10 (precondition, about 60 at ``r = 20 p``); 100 for IHS.
+        ``1e-16`` reduction, plus 10 (precondition, about 50 at ``r = 40 p``); 100 for IHS.
 
     Returns
     -------

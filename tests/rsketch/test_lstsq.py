@@ -14,6 +14,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 import rsketch
+from rsketch.linalg.lstsq import build_sketch
 from rsketch.linalg.precondition import predicted_rate, sketched_factor
 from rsketch.linalg.problems import make_problem
 
@@ -154,13 +155,17 @@ def test_preconditioned_condition_number_and_rate(seed, r_factor):
     assert (h[k] / h[0]) ** (1 / k) <= e * (2 * kappa**2) ** (1 / k)
 
 
-def test_sparse_sign_embeds_like_gaussian():
-    # The default sketch: kappa(X M) within the Gaussian bound of the test above at r = 20 p.
+@pytest.mark.parametrize("factor, method", [(20, "sketch_and_solve"), (40, "precondition")])
+def test_sparse_sign_embeds_like_gaussian(factor, method):
+    # The sketches lstsq builds by default (8 nonzeros per column at r = 20 p for sketch-and-solve,
+    # 2 at r = 40 p for preconditioning): kappa(X M) within the Gaussian bound of the test above.
+    r = factor * P
     for seed in SEEDS:
         Pb = make_problem(N, P, cond=1e8, seed=seed)
-        S = rsketch.make_sketch("sparse_sign", N, 20 * P, seed=seed)
+        S = build_sketch("sparse_sign", N, r, seed, Pb.X, method)
+        assert S.nnz_per_column == (2 if method == "precondition" else 8)
         M, _, _, _ = sketched_factor(S @ Pb.X)
-        e = predicted_rate(P, 20 * P) + 3 / np.sqrt(20 * P)
+        e = predicted_rate(P, r) + 3 / np.sqrt(r)
         assert np.linalg.cond(Pb.X @ M) <= (1 + e) / (1 - e)
 
 
@@ -268,7 +273,8 @@ def test_result_fields_and_log():
     Pb = make_problem(N, P, cond=1e2, n_rhs=2, seed=0)
     res = rsketch.lstsq(Pb.X, Pb.y, seed=0)
     assert res.coef.shape == (P, 2) and res.residual_norm.shape == (2,)
-    assert isinstance(res.sketch, rsketch.SparseSign) and res.sketch_size == 20 * P
+    assert isinstance(res.sketch, rsketch.SparseSign) and res.sketch_size == 40 * P
+    assert res.sketch.nnz_per_column == 2  # a preconditioning sketch (build_sketch)
     log = res.log
     assert log.finish == "pcg" and min(log.sketch, log.factor, log.presolve, log.iterate) >= 0
     assert log.total >= log.sketch + log.factor + log.presolve + log.iterate - 1e-9

@@ -104,11 +104,16 @@ def _decode_row(engine, B, ctx, n_steps, rate):
 
 
 def run(quick: bool = False) -> Report:
-    from decoding import load_model
+    import numba
+
+    from decoding import kernels, load_model
     from decoding._threads import blas_threads
     from decoding.api import model_path
 
-    report = Report("Decoding engine: SmolLM2-135M-Instruct (Q4_1 GGUF -> float32), NumPy, 1 BLAS thread")
+    report = Report(
+        "Decoding engine: SmolLM2-135M-Instruct (Q4_1 GGUF -> float32), NumPy; few-row products on "
+        f"{numba.get_num_threads()} numba threads, prefill GEMM on 1 BLAS thread"
+    )
     t0 = time.perf_counter()
     model, tok = load_model()
     load_s = time.perf_counter() - t0
@@ -148,18 +153,22 @@ def run(quick: bool = False) -> Report:
         for B in (1, 8) if quick else (1, 4, 8, 16):
             decode[B] = _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)
             report.rows.append(_decode_row("ours", B, ctx, n_steps, decode[B]))
-    if (os.cpu_count() or 1) >= 2:  # for information: the second core used two other ways
-        with blas_threads():
-            model.prefetch = True  # a helper thread streams the next layer's weights into cache
-            for B in (1, 8):
-                r = _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)
-                report.rows.append(_decode_row("ours + prefetch thread", B, ctx, n_steps, r))
-            model.prefetch = False
-        with blas_threads(2):
-            for B in (1, 8):
-                r = _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)
-                report.rows.append(_decode_row("ours, 2 BLAS threads", B, ctx, n_steps, r))
-
+    # For comparison: every product through OpenBLAS (GEMV at one row, GEMM above), 1 and 2 threads.
+    few_rows = kernels.FEW_ROWS
+    best_b1 = decode[1]  # the batch-8 target is judged against the fastest batch-1 configuration
+    try:
+        kernels.FEW_ROWS = 0
+        for threads in (1, 2) if (os.cpu_count() or 1) >= 2 else (1,):
+            with blas_threads(threads):
+                for B in (1, 8):
+                    r = _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)
+                    report.rows.append(
+                        _decode_row(f"ours, BLAS only, {threads} thread(s)", B, ctx, n_steps, r)
+                    )
+                    if B == 1 and r[0] > best_b1[0]:
+                        best_b1 = r
+    finally:
+        kernels.FEW_ROWS = few_rows
     report.rows.append(
         {
             "engine": "weight-read limit",
@@ -215,6 +224,7 @@ def run(quick: bool = False) -> Report:
 
     b1_wall, b1_cpu, _ = decode[1]
     b8_wall, b8_cpu, _ = decode[8]
+    best_wall, best_cpu, _ = best_b1
     report.targets.append(
         Target(
             "decode at batch 1 >= 50% of the weight-read limit",
@@ -224,9 +234,10 @@ def run(quick: bool = False) -> Report:
     )
     report.targets.append(
         Target(
-            "decode at batch 8 >= 4x batch 1 tokens/s",
-            f"{b8_wall / b1_wall:.2f}x wall ({b8_cpu / b1_cpu:.2f}x per CPU-second)",
-            b8_wall >= 4 * b1_wall,
+            "decode at batch 8 >= 4x batch 1 tokens/s (the fastest batch-1 row above)",
+            f"{b8_wall / best_wall:.2f}x wall ({b8_cpu / best_cpu:.2f}x per CPU-second) against "
+            f"{best_wall:.1f} tok/s at batch 1",
+            b8_wall >= 4 * best_wall,
         )
     )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

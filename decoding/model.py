@@ -3,10 +3,11 @@
 Shapes: ``T`` packed new tokens, ``B`` sequences, ``d`` model width, ``H`` query heads, ``Hkv``
 key/value heads, ``D`` head size, ``F`` MLP width, ``V`` vocabulary.
 
-Weights are held as contiguous matrices pre-transposed for ``x @ W``, with Q, K, V fused into one
-``[d, (H + 2 Hkv) D]`` matrix and gate/up fused into one ``[d, 2F]`` matrix per layer, so a layer is
-four matrix products. The tied output head reuses the embedding (a transposed view, no copy) and is
-applied only to the rows whose logits are asked for.
+Weights are held as contiguous matrices in the file's ``[out, in]`` layout, with Q, K, V fused
+into one ``[(H + 2 Hkv) D, d]`` matrix and gate/up fused into one ``[2F, d]`` matrix per layer, so a
+layer is four matrix products ``x @ W.T`` (:func:`decoding.kernels.linear`: a few-row kernel for
+decode and verification steps, BLAS GEMM for prefill). The tied output head reuses the embedding
+(no copy) and is applied only to the rows whose logits are asked for.
 
 RoPE: llama.cpp's converter permutes the Q and K rows of Hugging Face checkpoints so that GGUF
 llama models rotate *adjacent* pairs ``(x[2i], x[2i+1])`` by ``pos * theta ** (-2i / D)``
@@ -22,10 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernels
 from ._xp import namespace
 from .attention import AttentionPlan, attend
 from .config import LlamaConfig
 from .gguf import GGUFFile, read_gguf
+from .kernels import linear
 from .kv_cache import KVCache
 
 __all__ = ["Model", "Layer", "PackedBatch"]
@@ -33,14 +36,14 @@ __all__ = ["Model", "Layer", "PackedBatch"]
 
 @dataclass(frozen=True)
 class Layer:
-    """One transformer block's weights (pre-transposed for ``x @ W``)."""
+    """One transformer block's weights (``[out, in]``, applied as ``x @ W.T``)."""
 
     attn_norm: np.ndarray  # [d]
-    wqkv: np.ndarray  # [d, (H + 2 Hkv) D]
-    wo: np.ndarray  # [H D, d]
+    wqkv: np.ndarray  # [(H + 2 Hkv) D, d]
+    wo: np.ndarray  # [d, H D]
     ffn_norm: np.ndarray  # [d]
-    w_gate_up: np.ndarray  # [d, 2F]
-    w_down: np.ndarray  # [F, d]
+    w_gate_up: np.ndarray  # [2F, d]
+    w_down: np.ndarray  # [d, F]
 
 
 @dataclass(frozen=True)
@@ -102,13 +105,13 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     """Logits ``h @ w.T`` for ``h`` [N, d] and the output head ``w`` [V, d].
 
-    For a few rows (batched decode), OpenBLAS's GEMM packs the whole 113 MB head for every call,
-    tripling its memory traffic; running it over row blocks of ``w`` that fit in cache reads the
-    head from memory once (measured about 2x faster at 8 rows).
+    Up to ``kernels.FEW_ROWS`` rows: :func:`decoding.kernels.linear`. Up to 64, OpenBLAS's GEMM would
+    pack the whole 113 MB head for the call, tripling its memory traffic; running it over row
+    blocks of ``w`` that fit in cache reads the head from memory once (about 2x faster).
     """
     N = h.shape[0]
-    if N <= 1 or N > 64:
-        return h @ w.T
+    if N <= kernels.FEW_ROWS or N > 64:
+        return linear(h, w)
     xp = namespace(h)
     ht = xp.ascontiguousarray(h.T)  # [d, N]
     out_t = xp.empty((w.shape[0], N), dtype=xp.result_type(h, w))  # [V, N]
@@ -231,11 +234,11 @@ class Model:
             layers.append(
                 Layer(
                     attn_norm=get(p + "attn_norm.weight", (d,)),
-                    wqkv=np.ascontiguousarray(np.concatenate([wq, wk, wv], axis=0).T),
-                    wo=np.ascontiguousarray(get(p + "attn_output.weight", (d, H * D)).T),
+                    wqkv=np.concatenate([wq, wk, wv], axis=0),
+                    wo=np.ascontiguousarray(get(p + "attn_output.weight", (d, H * D))),
                     ffn_norm=get(p + "ffn_norm.weight", (d,)),
-                    w_gate_up=np.ascontiguousarray(np.concatenate([wg, wu], axis=0).T),
-                    w_down=np.ascontiguousarray(get(p + "ffn_down.weight", (d, F)).T),
+                    w_gate_up=np.concatenate([wg, wu], axis=0),
+                    w_down=np.ascontiguousarray(get(p + "ffn_down.weight", (d, F))),
                 )
             )
         unexpected = set(f.tensors) - expected - {"rope_freqs.weight"}
@@ -389,17 +392,17 @@ class Model:
                 if li + 1 < self.n_layers:
                     pf.request(li + 1)
             h = _rmsnorm(x, L.attn_norm, eps)  # [T, d]
-            qkv = h @ L.wqkv  # [T, (H + 2Hkv) D]
+            qkv = linear(h, L.wqkv)  # [T, (H + 2Hkv) D]
             qk = _rope(qkv[:, : (H + Hkv) * D].reshape(T, H + Hkv, D), cos, sin)  # [T, H + Hkv, D]
             q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D]
             v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
             cache.write(li, dev_slots, k, v)
             o = attend(q, cache, li, plan)  # [T, H, D]
-            x = x + o.reshape(T, H * D) @ L.wo  # [T, d]
+            x = x + linear(o.reshape(T, H * D), L.wo)  # [T, d]
             h = _rmsnorm(x, L.ffn_norm, eps)
-            gu = h @ L.w_gate_up  # [T, 2F]
+            gu = linear(h, L.w_gate_up)  # [T, 2F]
             F = gu.shape[1] // 2
-            x = x + _swiglu(gu[:, :F], gu[:, F:]) @ L.w_down  # [T, d]
+            x = x + linear(_swiglu(gu[:, :F], gu[:, F:]), L.w_down)  # [T, d]
         cache.advance(seq_ids, counts)
         if pf is not None:
             pf.current = self.n_layers

@@ -10,7 +10,7 @@ import pytest
 @pytest.mark.parametrize(
     "module",
     ["__init__", "config", "kv_cache", "attention", "sampling", "results", "model", "gguf", "tokenizer"]
-    + ["api"],
+    + ["api", "kernels"],
 )
 def test_docstring_examples(module):
     mod = importlib.import_module("decoding" if module == "__init__" else f"decoding.{module}")

@@ -1,12 +1,16 @@
 """Multi-sample speculative decoding (EMS-SD) against the padded baseline and autoregressive decoding.
 
-Model: SmolLM2-135M-Instruct (Q4_1 GGUF held as float32), 1 BLAS thread. Workload, built at run
+Model: SmolLM2-135M-Instruct (Q4_1 GGUF held as float32). Workload, built at run
 time from text every Python installation has: docstrings of standard-library functions and
 classes (the first 45 words of each docstring that is at least 45 words long and mostly prose,
 from a fixed list of modules; 16 of them, evenly spaced). Two tasks:
 
 - ``copy``: "Copy this text word for word" + the docstring, the docstring as LLMA reference
-  (copy-heavy: LLMA's best case);
+  (copy-heavy: LLMA's best case). Every other prompt has the answer opened by the docstring's
+  first three words: SmolLM2-135M then quotes the text (mean accepted draft length 6.3 of 7 on the
+  first 8 prompts primed this way), while unprimed it rewrites it, starts a code block or
+  paraphrases (2.4). A batch thus mixes samples that copy long spans with samples that copy
+  little, as a summarisation batch does (the paper's CNN/DailyMail workload with OPT-6.7B);
 - ``chat``: 16 general questions, a docstring as (unrelated) reference (low overlap: the worst case).
 
 For batch sizes 1, 2, 4, 8, 16 (the first ``B`` prompts), greedy: autoregressive decoding, then
@@ -16,11 +20,10 @@ EMS-SD with the draft budget. Every speculative run must give the autoregressive
 ("same" column). Batch sizes 1, 2 and 4 all decode the first 4 prompts (in 4, 2 and 1 batches), 8
 and 16 the first 8 and 16; one run per configuration.
 
-Speed is tokens per **CPU second** of the decode phase (the engine runs one BLAS thread, so CPU
-time does not depend on how many other jobs share this machine's 2 cores, while wall time
-does): decode CPU time = the CPU time of the ``generate`` call times its decode share of the
-wall time. Wall-clock tokens/s is reported beside it. Speedup = tokens/CPU-s over the
-autoregressive run with the same prompts.
+Speed is tokens per wall second of the decode phase, on an otherwise idle machine (the engine
+runs products of up to 16 rows on two numba threads and wider ones on one BLAS thread, so CPU
+time would weigh the two unequally). Tokens per CPU second is reported beside it. Speedup =
+tokens/s over the autoregressive run with the same prompts.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ def stdlib_documents(n: int = 16, words: int = 45) -> list[str]:
     return [docs[i] for i in idx]
 
 
+def _first_words(text: str, n: int) -> str:
+    return " ".join(text.split()[:n])
+
+
 def build_workload(tok, n: int = 16) -> dict:
     docs = stdlib_documents(n)
 
@@ -101,7 +108,13 @@ def build_workload(tok, n: int = 16) -> dict:
         return tok.apply_chat_template([{"role": "user", "content": q}])
 
     tasks = {
-        "copy": ([chat("Copy this text word for word:\n\n" + d) for d in docs], docs),
+        "copy": (
+            [
+                chat("Copy this text word for word:\n\n" + d) + (_first_words(d, 3) if i % 2 == 0 else "")
+                for i, d in enumerate(docs)
+            ],
+            docs,
+        ),
         "chat": ([chat(q) for q in QUESTIONS[:n]], docs),
     }
     h = hashlib.sha256("\x00".join(p for ps, _ in tasks.values() for p in ps).encode()).hexdigest()[:16]
@@ -189,7 +202,7 @@ def run(quick: bool = False) -> Report:
                     label = method if budget is None else "ems+budget"
                     same = res["tokens"] == ar["tokens"]
                     rows.append(_row(task, B, dname, label, res, ar, same))
-                    results[(task, B, dname, label)] = res["cpu_rate"] / ar["cpu_rate"]
+                    results[(task, B, dname, label)] = res["wall_rate"] / ar["wall_rate"]
                     x = results[(task, B, dname, label)]
                     print(f"  {task} B={B} {dname} {label}: {x:.2f}x, same={same}", flush=True)
     t_all = time.perf_counter() - t_all
@@ -231,9 +244,10 @@ def run(quick: bool = False) -> Report:
         f"{platform.python_version()}, sha256/16 of the prompts {work['hash']}; max_new_tokens "
         f"{max_new['copy']} (copy), {max_new['chat']} (chat); batch sizes 1, 2, 4 decode "
         "the first 4 prompts (in 4, 2, 1 batches), 8 and 16 the first 8 and 16; one run each.",
-        "tok/s cpu: generated tokens (less the first, from the prefill) per CPU second of the decode phase; "
-        "speedup is its ratio to autoregressive at the same B. tok/s wall: the same per wall second "
-        "(depends on this machine's other jobs).",
+        "tok/s wall: generated tokens (less the first, from the prefill) per wall second of the decode "
+        "phase; speedup is its ratio to autoregressive at the same B (run on an otherwise idle machine). "
+        "tok/s cpu: the same per CPU second, for information (few-row products run on two threads, "
+        "wider ones on one, so CPU time is not a fair common measure).",
         "accepted: mean accepted draft tokens per sample per step (each step adds one more token); "
         "tok/fwd: tokens computed per verification forward, pads included; pad: the fraction of them "
         "that were pads.",
@@ -266,7 +280,7 @@ def _row(task, B, drafter, method, res, ar, same):
         "method": method,
         "tok/s cpu": res["cpu_rate"],
         "tok/s wall": res["wall_rate"],
-        "speedup": res["cpu_rate"] / ar["cpu_rate"],
+        "speedup": res["wall_rate"] / ar["wall_rate"],
         "accepted": res["accepted"] if spec else "",
         "tok/fwd": res["tok/fwd"] if spec else "",
         "pad": res["pad"] if spec else "",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._xp import namespace
+from .kernels import varlen_attention
 
 __all__ = ["AttentionPlan", "attend", "packed_attention"]
 
@@ -46,6 +47,9 @@ class AttentionPlan:
     uniform: tuple | None
     pieces: list
     dtype: np.dtype
+    #: NumPy caches: ``(start, length, seq, key_valid)`` per packed token, for the one-call kernel
+    #: :func:`decoding.kernels.varlen_attention` (which then replaces both paths above)
+    tokens: tuple | None = None
 
     @classmethod
     def build(cls, cache, seq_ids, cu_seqlens, old_lengths, key_valid=None, *, grouped=True, dtype=None):
@@ -56,6 +60,15 @@ class AttentionPlan:
         dtype = np.dtype(cache.dtype if dtype is None else dtype)
         counts = np.diff(cu)
         B = seq_ids.size
+        if xp is np and grouped:
+            offset = np.arange(int(cu[-1])) - np.repeat(cu[:-1], counts)  # index within its sequence
+            tokens = (
+                np.repeat(cache.starts[seq_ids], counts),
+                np.repeat(old, counts) + offset + 1,  # causal: keys 0 .. L_b + i
+                np.repeat(seq_ids, counts),
+                key_valid,
+            )
+            return cls(None, [], dtype, tokens)
         if grouped and B > 1 and counts[0] > 0 and (counts == counts[0]).all():
             n = int(counts[0])
             S = int((old + n).max())
@@ -94,6 +107,9 @@ class AttentionPlan:
 
 def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
     """Attention output ``[T, H, D]`` of rotated queries ``q`` ``[T, H, D]`` for ``layer``, by ``plan``."""
+    if plan.tokens is not None:
+        start, length, seq, key_valid = plan.tokens
+        return varlen_attention(q, cache.k[layer], cache.v[layer], start, length, seq, key_valid)
     T, H, D = q.shape
     Hkv = cache.n_kv_heads
     G = H // Hkv

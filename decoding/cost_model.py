@@ -30,6 +30,10 @@ import numpy as np
 
 __all__ = ["CostModel", "DraftBudget", "cost_cache_dir"]
 
+#: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
+#: that cost models measured on the old engine are not reused.
+COST_MODEL_VERSION = 2
+
 
 def cost_cache_dir() -> Path:
     """``$DECODING_CACHE_DIR`` or ``~/.cache/decoding``: where measured cost models are kept."""
@@ -133,12 +137,17 @@ class CostModel:
     def for_model(cls, model, *, refresh: bool = False, cache_dir=None) -> CostModel:
         """The cached cost model of ``model`` on this machine, measured (about 10-30 s) when absent.
 
-        The cache key: CPU model, logical CPUs, BLAS thread setting, and the model's shape and
+        The cache key: CPU model, logical CPUs, BLAS thread setting, the engine's product routing
+        (:data:`decoding.kernels.FEW_ROWS`, :data:`COST_MODEL_VERSION`), and the model's shape and
         dtype (layers, width, heads, vocabulary).
         """
+        from . import kernels
+
         cfg = model.config
         key = json.dumps(
             [
+                COST_MODEL_VERSION,
+                kernels.FEW_ROWS,
                 _cpu_name(),
                 os.cpu_count(),
                 os.environ.get("DECODING_BLAS_THREADS", "1"),

@@ -7,9 +7,10 @@ of products took 20 ms for one row (GEMV) but 42 ms for two or four rows, with o
 :func:`rows_times_weights` reads every weight once, straight from the model's ``[out, in]``
 layout, and uses it for up to four tokens while it is in registers: two weight rows times four
 tokens per inner loop (eight independent dot products, six loads per eight multiply-adds),
-weight rows split across threads. Measured for the 30 layers of SmolLM2-135M (float32): 22 ms at
-one token, 31 ms at four, 34 ms at eight, 59 ms at sixteen, where GEMM with two threads took
-20, 42, 35 and 59 ms; beyond :data:`FEW_ROWS` rows GEMM wins and is used.
+weight rows split across threads. Measured for the 30 layers of SmolLM2-135M (float32), this
+kernel on 2 threads against OpenBLAS GEMM on 2: 22 / 20 ms at one row (GEMV), 31 / 42 ms at four,
+34 / 35 at eight, 70 / 76 at sixteen, 94 / 125 at 32 (GEMM on one thread: 114 at sixteen, 173
+at 32); from 48 rows GEMM on two threads wins (109 against 143). :data:`FEW_ROWS` is 32.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from ._xp import namespace
 
 __all__ = ["FEW_ROWS", "linear", "rows_times_weights"]
 
+# Reassociation (for SIMD sums) and FMA contraction only: no flag that assumes finite values, so
+# a fully masked attention row (all scores -1e30) stays a finite uniform average.
+_FM = {"reassoc", "contract"}
+
 #: Largest row count sent to :func:`rows_times_weights`; above it, BLAS GEMM. Set it to 0 to
 #: run every product through BLAS (the benchmark does, for comparison).
-FEW_ROWS = 16
+FEW_ROWS = 32
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=_FM, cache=True)
 def _rows_times_weights(x, w, out, zero):  # pragma: no cover - compiled
     T, K = x.shape
     N = w.shape[0]
@@ -113,3 +118,82 @@ def linear(x, w):
     if 0 < x.shape[0] <= FEW_ROWS and namespace(x) is np and x.dtype in (np.float32, np.float64):
         return rows_times_weights(x, w)
     return x @ w.T
+
+
+_MASKED = -1e30  # the score of a hidden key (finite, as in decoding.attention)
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _varlen_attention(
+    q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, out
+):  # pragma: no cover
+    T, H, D = q.shape
+    G = H // k.shape[0]
+    for r in prange(T * H):
+        i = r // H
+        hq = r - i * H
+        hk = hq // G
+        s0 = start[i]
+        n_keys = length[i]
+        sc = scratch[r]
+        qi = q[i, hq]
+        m = masked
+        for j in range(n_keys):
+            kj = k[hk, s0 + j]
+            acc = scale * 0
+            for d in range(D):
+                acc += qi[d] * kj[d]
+            acc *= scale
+            if use_valid and not valid[seq[i], j]:
+                acc = masked  # computed, then hidden: what a padded layout pays
+            sc[j] = acc
+            m = max(m, acc)
+        total = scale * 0
+        for j in range(n_keys):
+            e = np.exp(sc[j] - m)
+            sc[j] = e
+            total += e
+        o = out[i, hq]
+        o[:] = 0
+        for j in range(n_keys):
+            w = sc[j] / total
+            vj = v[hk, s0 + j]
+            for d in range(D):
+                o[d] += w * vj[d]
+
+
+def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
+    """Packed grouped-query attention, every token against its own run of cached keys.
+
+    Token ``i`` (query ``q[i]``, ``[H, D]``) attends to the ``length[i]`` cache slots
+    ``start[i] .. start[i] + length[i] - 1`` of ``k``/``v`` ``[Hkv, slots, D]``, query head ``h``
+    to key head ``h // (H // Hkv)``; with ``key_valid`` ``[max_seqs, capacity]``, slot ``j`` of the
+    run is hidden unless ``key_valid[seq[i], j]`` (its score is computed, then masked, as a padded
+    layout pays for it). One call covers a whole ragged batch: (token, head) rows are split across
+    threads, with no loop over sequences in Python.
+
+    Examples
+    --------
+    >>> k = np.array([[[1.0, 0.0], [0.0, 1.0]]]); v = k.copy()
+    >>> out = varlen_attention(np.ones((2, 1, 2)), k, v, start=[0, 0], length=[1, 2])
+    >>> out[0, 0].tolist(), out[1, 0].tolist()
+    ([1.0, 0.0], [0.5, 0.5])
+    """
+    q = np.ascontiguousarray(q)
+    T, H, D = q.shape
+    start = np.asarray(start, dtype=np.int64)
+    length = np.asarray(length, dtype=np.int64)
+    dtype = np.result_type(q, k)
+    scale = dtype.type(1.0 / np.sqrt(D))
+    if key_valid is None:
+        valid, seq, use_valid = np.ones((1, 1), dtype=np.bool_), np.zeros(T, dtype=np.int64), False
+    else:
+        valid, seq, use_valid = np.asarray(key_valid, dtype=np.bool_), np.asarray(seq, dtype=np.int64), True
+    scratch = np.empty((T * H, int(length.max()) if T else 0), dtype=dtype)
+    out = np.empty((T, H, D), dtype=dtype)
+    if T:
+        # The mask value in the data's own precision: a hidden score minus the running maximum
+        # must be exactly 0 when every key of a row is hidden.
+        masked = dtype.type(_MASKED)
+        _varlen_attention(q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, out)
+    return out

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoding.kernels import FEW_ROWS, linear, rows_times_weights
+from decoding.kernels import FEW_ROWS, linear, rows_times_weights, varlen_attention
 
 
 @settings(max_examples=40, deadline=None)
@@ -43,3 +43,44 @@ def test_linear_empty_and_wide_batches_use_matmul():
     assert linear(np.ones((0, 2)), w).shape == (0, 3)
     x = np.arange(2.0 * (FEW_ROWS + 1)).reshape(FEW_ROWS + 1, 2)
     assert np.array_equal(linear(x, w), x @ w.T)
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_varlen_attention_matches_the_per_sequence_reference(with_mask):
+    # A ragged batch (1, 4 and 2 new tokens on caches of 3, 0 and 5) in float64, against the
+    # per-sequence NumPy path of decoding.attention (grouped=False), with and without pad slots.
+    from decoding.attention import packed_attention
+    from decoding.kv_cache import KVCache
+
+    rng = np.random.default_rng(0)
+    Hkv, G, D = 2, 3, 8
+    cache = KVCache(1, Hkv, D, max_seqs=3, capacity=12, dtype=np.float64)
+    ids = [cache.allocate() for _ in range(3)]
+    old, new = np.array([3, 0, 5]), np.array([1, 4, 2])
+    for s, n in zip(ids, old, strict=True):
+        if n:
+            slots = cache.prepare([s], [n])
+            cache.write(0, slots, rng.standard_normal((n, Hkv, D)), rng.standard_normal((n, Hkv, D)))
+            cache.advance([s], [n])
+    slots = cache.prepare(ids, new)
+    cache.write(0, slots, rng.standard_normal((new.sum(), Hkv, D)), rng.standard_normal((new.sum(), Hkv, D)))
+    q = rng.standard_normal((new.sum(), Hkv * G, D))
+    cu = np.concatenate([[0], np.cumsum(new)])
+    valid = rng.random((3, 12)) < 0.7 if with_mask else None
+    if valid is not None:
+        valid[:, 0] = True  # every query keeps at least one key
+    args = (q, cache, 0, np.array(ids), cu, old, valid)
+    fast = packed_attention(*args)  # the kernel
+    ref = packed_attention(*args, grouped=False)  # one NumPy product per sequence
+    assert np.abs(fast - ref).max() <= 1e-13
+
+
+def test_varlen_attention_fully_masked_row_stays_finite():
+    # A pad query whose every key is hidden (a padded layout's left pads) must not produce NaN:
+    # its output is ignored, but its keys and values enter the cache.
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    q = rng.standard_normal((2, 1, 8)).astype(np.float32)
+    valid = np.array([[False, False, True, True]])
+    out = varlen_attention(q, k, k, [0, 0], [1, 4], [0, 0], valid)
+    assert np.isfinite(out).all()

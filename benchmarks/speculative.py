@@ -174,7 +174,7 @@ def run(quick: bool = False) -> Report:
     t_cost = time.perf_counter() - t_cost
 
     report = Report(
-        "Speculative decoding: EMS-SD vs vanilla (padded) vs autoregressive; SmolLM2-135M, greedy, 1 thread"
+        "Speculative decoding: EMS-SD vs vanilla (padded) vs autoregressive; SmolLM2-135M, greedy"
     )
     rows, results = [], {}
     t_all = time.perf_counter()

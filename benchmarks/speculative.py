@@ -18,10 +18,11 @@ with the LLMA drafter (match 2, copy 7) and the draft-model drafter (the target'
 30 layers, self-speculative, 2 draft steps): vanilla (padded), EMS-SD without the budget, and
 EMS-SD with the draft budget. Every speculative run must give the autoregressive tokens
 ("same" column). Batch sizes 1, 2 and 4 all decode the first 4 prompts (in 4, 2 and 1 batches), 8
-and 16 the first 8 and 16; one run per configuration.
+and 16 the first 8 and 16; rates are medians of 3 runs (autoregressive and LLMA), one run for the
+draft model.
 
 Speed is tokens per wall second of the decode phase, on an otherwise idle machine (the engine
-runs products of up to 16 rows on two numba threads and wider ones on one BLAS thread, so CPU
+runs products of up to 256 rows on two numba threads and wider ones on one BLAS thread, so CPU
 time would weigh the two unequally). Tokens per CPU second is reported beside it. Speedup =
 tokens/s over the autoregressive run with the same prompts.
 """
@@ -121,39 +122,48 @@ def build_workload(tok, n: int = 16) -> dict:
     return {"tasks": tasks, "hash": h, "n_docs": len(docs)}
 
 
-def _measure_groups(fn, model, tok, groups, **kwargs) -> dict:
-    """Run ``fn`` on each group of prompts; decode tokens per CPU and per wall second over all groups.
+def _measure_groups(fn, model, tok, groups, repeats=1, **kwargs) -> dict:
+    """Run ``fn`` on each group of prompts, ``repeats`` times; median decode tokens per wall second.
 
-    Decode CPU time of a call = its CPU time times the decode share of its wall time.
+    Decode CPU time of a call = its CPU time times the decode share of its wall time. The rates
+    are medians over the repeats (each repeat runs every group once); the tokens and the
+    speculative statistics come from the first repeat (greedy decoding repeats them exactly).
     """
-    n = cpu_dec = wall_dec = steps = acc = computed = pads = forwards = 0.0
-    tokens = []
+    wall_rates, cpu_rates = [], []
+    first = None
     spec = "method" in kwargs
-    for ps, rs in groups:
-        extra = {"references": rs} if spec else {}
-        c0 = time.process_time()
-        res = fn(model, tok, ps, **kwargs, **extra)
-        cpu = time.process_time() - c0
-        tokens += res.tokens
-        n += res.n_generated - sum(1 for t in res.tokens if t)  # the first token comes from the prefill
-        cpu_dec += cpu * res.decode_time / max(res.total_time, 1e-12)
-        wall_dec += res.decode_time
-        if spec:
-            st = res.stats
-            steps += st["sample_steps"]
-            acc += st["accepted_tokens"]
-            f = st["verify_forwards"]
-            forwards += f
-            computed += res.tokens_per_forward * f if f else 0.0
-            pads += res.padding_fraction * res.tokens_per_forward * f if f else 0.0
-    return {
-        "tokens": tokens,
-        "cpu_rate": n / cpu_dec,
-        "wall_rate": n / wall_dec,
-        "accepted": acc / steps if steps else float("nan"),
-        "tok/fwd": computed / forwards if forwards else float("nan"),
-        "pad": pads / computed if computed else 0.0,
-    }
+    for _ in range(repeats):
+        n = cpu_dec = wall_dec = steps = acc = computed = pads = forwards = 0.0
+        tokens = []
+        for ps, rs in groups:
+            extra = {"references": rs} if spec else {}
+            c0 = time.process_time()
+            res = fn(model, tok, ps, **kwargs, **extra)
+            cpu = time.process_time() - c0
+            tokens += res.tokens
+            n += res.n_generated - sum(1 for t in res.tokens if t)  # the first token comes from the prefill
+            cpu_dec += cpu * res.decode_time / max(res.total_time, 1e-12)
+            wall_dec += res.decode_time
+            if spec:
+                st = res.stats
+                steps += st["sample_steps"]
+                acc += st["accepted_tokens"]
+                f = st["verify_forwards"]
+                forwards += f
+                computed += res.tokens_per_forward * f if f else 0.0
+                pads += res.padding_fraction * res.tokens_per_forward * f if f else 0.0
+        wall_rates.append(n / wall_dec)
+        cpu_rates.append(n / cpu_dec)
+        if first is None:
+            first = {
+                "tokens": tokens,
+                "accepted": acc / steps if steps else float("nan"),
+                "tok/fwd": computed / forwards if forwards else float("nan"),
+                "pad": pads / computed if computed else 0.0,
+            }
+        elif tokens != first["tokens"]:
+            raise RuntimeError("a repeated greedy run gave different tokens")
+    return {**first, "cpu_rate": float(np.median(cpu_rates)), "wall_rate": float(np.median(wall_rates))}
 
 
 def run(quick: bool = False) -> Report:
@@ -165,6 +175,7 @@ def run(quick: bool = False) -> Report:
     model, tok = decoding.load_model()
     batches = [2, 4] if quick else [1, 2, 4, 8, 16]
     max_new = {"copy": 8, "chat": 6} if quick else {"copy": 32, "chat": 16}
+    repeats = 1 if quick else 3
     work = build_workload(tok)
     t_cost = time.perf_counter()
     with blas_threads():
@@ -186,7 +197,7 @@ def run(quick: bool = False) -> Report:
                 for g in range(max(1, SMALL_GROUP // B))
             ]
             kw = dict(max_new_tokens=max_new[task])
-            ar = _measure_groups(decoding.generate, model, tok, groups, **kw)
+            ar = _measure_groups(decoding.generate, model, tok, groups, repeats=repeats, **kw)
             rows.append(_row(task, B, "-", "autoregressive", ar, ar, True))
             results[(task, B, "-", "autoregressive")] = 1.0
             for dname in ("llma", "draft_model"):
@@ -195,9 +206,10 @@ def run(quick: bool = False) -> Report:
                         drafter, k = LLMADrafter(match_len=2, copy_len=7), 7
                     else:
                         drafter, k = DraftModelDrafter(draft_model, max_draft=DM_DRAFT), DM_DRAFT
+                    # the draft model is far from every target: one run; LLMA (the targets): medians
                     res = _measure_groups(
-                        decoding.generate, model, tok, groups, method=method, drafter=drafter, max_draft=k,
-                        draft_budget=budget, **kw,
+                        decoding.generate, model, tok, groups, repeats=repeats if dname == "llma" else 1,
+                        method=method, drafter=drafter, max_draft=k, draft_budget=budget, **kw,
                     )  # fmt: skip
                     label = method if budget is None else "ems+budget"
                     same = res["tokens"] == ar["tokens"]
@@ -243,11 +255,12 @@ def run(quick: bool = False) -> Report:
         f"Workload: {work['n_docs']} standard-library docstrings (45 words each) of Python "
         f"{platform.python_version()}, sha256/16 of the prompts {work['hash']}; max_new_tokens "
         f"{max_new['copy']} (copy), {max_new['chat']} (chat); batch sizes 1, 2, 4 decode "
-        "the first 4 prompts (in 4, 2, 1 batches), 8 and 16 the first 8 and 16; one run each.",
+        "the first 4 prompts (in 4, 2, 1 batches), 8 and 16 the first 8 and 16; rates are medians of "
+        f"{repeats} runs (autoregressive and LLMA; one run for the draft model).",
         "tok/s wall: generated tokens (less the first, from the prefill) per wall second of the decode "
         "phase; speedup is its ratio to autoregressive at the same B (run on an otherwise idle machine). "
-        "tok/s cpu: the same per CPU second, for information (few-row products run on two threads, "
-        "wider ones on one, so CPU time is not a fair common measure).",
+        "tok/s cpu: the same per CPU second, for information (the engine's kernels run on two threads, "
+        "BLAS prefill on one, so CPU time is not a fair common measure).",
         "accepted: mean accepted draft tokens per sample per step (each step adds one more token); "
         "tok/fwd: tokens computed per verification forward, pads included; pad: the fraction of them "
         "that were pads.",

@@ -8,9 +8,11 @@ of products took 20 ms for one row (GEMV) but 42 ms for two or four rows, with o
 layout, and uses it for up to four tokens while it is in registers: two weight rows times four
 tokens per inner loop (eight independent dot products, six loads per eight multiply-adds),
 weight rows split across threads. Measured for the 30 layers of SmolLM2-135M (float32), this
-kernel on 2 threads against OpenBLAS GEMM on 2: 22 / 20 ms at one row (GEMV), 31 / 42 ms at four,
-34 / 35 at eight, 70 / 76 at sixteen, 94 / 125 at 32 (GEMM on one thread: 114 at sixteen, 173
-at 32); from 48 rows GEMM on two threads wins (109 against 143). :data:`FEW_ROWS` is 32.
+kernel on 2 threads against OpenBLAS GEMM on 1 thread (the engine's BLAS setting: two BLAS threads
+spin beside numba's and collapse): 22 / 37 ms at one row (GEMV), 31 / 59 ms at four, 34 / 83 at
+eight, 70 / 114 at sixteen, 94 / 173 at 32, 132 / 214 at 64, 301 / 385 at 128, 644 / 722 at 256,
+1203 / 1383 at 512. :data:`FEW_ROWS` is 256: every decode and verification step takes the kernel;
+long prefills take GEMM, whose cache blocking matters more as rows grow.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ _FM = {"reassoc", "contract"}
 
 #: Largest row count sent to :func:`rows_times_weights`; above it, BLAS GEMM. Set it to 0 to
 #: run every product through BLAS (the benchmark does, for comparison).
-FEW_ROWS = 32
+FEW_ROWS = 256
 
 
 @njit(parallel=True, fastmath=_FM, cache=True)

@@ -69,7 +69,7 @@ def _speculative_kwargs(args, batch) -> dict:
 
 
 def _demo_speculative(model, tok, max_new_tokens) -> None:
-    """One EMS-SD run against autoregressive decoding: a copy task at batch 4 with LLMA."""
+    """One EMS-SD run against autoregressive decoding: a quote task at batch 4 with LLMA."""
     import inspect
     import json
     import textwrap
@@ -77,13 +77,18 @@ def _demo_speculative(model, tok, max_new_tokens) -> None:
     docs = [" ".join(inspect.getdoc(f).split()[:40]) for f in (json.dumps, textwrap.fill, textwrap.wrap, len)]
     docs = [d for d in docs if d][:4]
     ask = "Copy this text word for word:\n\n"
-    prompts = [tok.apply_chat_template([{"role": "user", "content": ask + d}]) for d in docs]
+    # The answer opens with the text's first three words: SmolLM2-135M then quotes it (unprimed it
+    # often paraphrases; see docs/speculative.md).
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": ask + d}]) + " ".join(d.split()[:3])
+        for d in docs
+    ]
     ar = generate(model, tok, prompts, max_new_tokens=max_new_tokens)
     ems = generate(
         model, tok, prompts, max_new_tokens=max_new_tokens, method="ems", drafter="llma", references=docs,
         draft_budget=None,
     )  # fmt: skip
-    print("EMS-SD (speculative, LLMA drafter, no padding) against autoregressive, batch 4, copy task:")
+    print("EMS-SD (speculative, LLMA drafter, no padding) against autoregressive, batch 4, quote task:")
     print(f"  first answer: {ems.texts[0].strip()[:100]!r}")
     print(
         f"  autoregressive {ar.decode_tokens_per_s:.1f} tok/s; EMS-SD {ems.decode_tokens_per_s:.1f} tok/s "

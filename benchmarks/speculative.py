@@ -18,8 +18,8 @@ with the LLMA drafter (match 2, copy 7) and the draft-model drafter (the target'
 30 layers, self-speculative, 2 draft steps): vanilla (padded), EMS-SD without the budget, and
 EMS-SD with the draft budget. Every speculative run must give the autoregressive tokens
 ("same" column). Batch sizes 1, 2 and 4 all decode the first 4 prompts (in 4, 2 and 1 batches), 8
-and 16 the first 8 and 16; rates are medians of 3 runs (autoregressive and LLMA), one run for the
-draft model.
+and 16 the first 8 and 16; rates are medians of 3 runs taken in rounds (autoregressive and the three
+LLMA methods in turn, so that the machine's drift touches all alike), one run for the draft model.
 
 Speed is tokens per wall second of the decode phase, on an otherwise idle machine (the engine
 runs products of up to 256 rows on two numba threads and wider ones on one BLAS thread, so CPU
@@ -122,48 +122,50 @@ def build_workload(tok, n: int = 16) -> dict:
     return {"tasks": tasks, "hash": h, "n_docs": len(docs)}
 
 
-def _measure_groups(fn, model, tok, groups, repeats=1, **kwargs) -> dict:
-    """Run ``fn`` on each group of prompts, ``repeats`` times; median decode tokens per wall second.
+def _measure_groups(fn, model, tok, groups, **kwargs) -> dict:
+    """Run ``fn`` once on each group of prompts; decode tokens per wall and per CPU second.
 
-    Decode CPU time of a call = its CPU time times the decode share of its wall time. The rates
-    are medians over the repeats (each repeat runs every group once); the tokens and the
-    speculative statistics come from the first repeat (greedy decoding repeats them exactly).
+    Decode CPU time of a call = its CPU time times the decode share of its wall time.
     """
-    wall_rates, cpu_rates = [], []
-    first = None
+    n = cpu_dec = wall_dec = steps = acc = computed = pads = forwards = 0.0
+    tokens = []
     spec = "method" in kwargs
-    for _ in range(repeats):
-        n = cpu_dec = wall_dec = steps = acc = computed = pads = forwards = 0.0
-        tokens = []
-        for ps, rs in groups:
-            extra = {"references": rs} if spec else {}
-            c0 = time.process_time()
-            res = fn(model, tok, ps, **kwargs, **extra)
-            cpu = time.process_time() - c0
-            tokens += res.tokens
-            n += res.n_generated - sum(1 for t in res.tokens if t)  # the first token comes from the prefill
-            cpu_dec += cpu * res.decode_time / max(res.total_time, 1e-12)
-            wall_dec += res.decode_time
-            if spec:
-                st = res.stats
-                steps += st["sample_steps"]
-                acc += st["accepted_tokens"]
-                f = st["verify_forwards"]
-                forwards += f
-                computed += res.tokens_per_forward * f if f else 0.0
-                pads += res.padding_fraction * res.tokens_per_forward * f if f else 0.0
-        wall_rates.append(n / wall_dec)
-        cpu_rates.append(n / cpu_dec)
-        if first is None:
-            first = {
-                "tokens": tokens,
-                "accepted": acc / steps if steps else float("nan"),
-                "tok/fwd": computed / forwards if forwards else float("nan"),
-                "pad": pads / computed if computed else 0.0,
-            }
-        elif tokens != first["tokens"]:
-            raise RuntimeError("a repeated greedy run gave different tokens")
-    return {**first, "cpu_rate": float(np.median(cpu_rates)), "wall_rate": float(np.median(wall_rates))}
+    for ps, rs in groups:
+        extra = {"references": rs} if spec else {}
+        c0 = time.process_time()
+        res = fn(model, tok, ps, **kwargs, **extra)
+        cpu = time.process_time() - c0
+        tokens += res.tokens
+        n += res.n_generated - sum(1 for t in res.tokens if t)  # the first token comes from the prefill
+        cpu_dec += cpu * res.decode_time / max(res.total_time, 1e-12)
+        wall_dec += res.decode_time
+        if spec:
+            st = res.stats
+            steps += st["sample_steps"]
+            acc += st["accepted_tokens"]
+            f = st["verify_forwards"]
+            forwards += f
+            computed += res.tokens_per_forward * f if f else 0.0
+            pads += res.padding_fraction * res.tokens_per_forward * f if f else 0.0
+    return {
+        "tokens": tokens,
+        "cpu_rate": n / cpu_dec,
+        "wall_rate": n / wall_dec,
+        "accepted": acc / steps if steps else float("nan"),
+        "tok/fwd": computed / forwards if forwards else float("nan"),
+        "pad": pads / computed if computed else 0.0,
+    }
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The first run's tokens and statistics with the median rates of all (greedy runs repeat exactly)."""
+    if any(r["tokens"] != runs[0]["tokens"] for r in runs):
+        raise RuntimeError("a repeated greedy run gave different tokens")
+    return {
+        **runs[0],
+        "cpu_rate": float(np.median([r["cpu_rate"] for r in runs])),
+        "wall_rate": float(np.median([r["wall_rate"] for r in runs])),
+    }
 
 
 def run(quick: bool = False) -> Report:
@@ -197,20 +199,37 @@ def run(quick: bool = False) -> Report:
                 for g in range(max(1, SMALL_GROUP // B))
             ]
             kw = dict(max_new_tokens=max_new[task])
-            ar = _measure_groups(decoding.generate, model, tok, groups, repeats=repeats, **kw)
+            methods = (("vanilla", None), ("ems", None), ("ems", "auto"))
+
+            def measure(dname, method, budget, groups=groups, kw=kw):
+                if dname == "-":
+                    return _measure_groups(decoding.generate, model, tok, groups, **kw)
+                if dname == "llma":
+                    drafter, k = LLMADrafter(match_len=2, copy_len=7), 7
+                else:
+                    drafter, k = DraftModelDrafter(draft_model, max_draft=DM_DRAFT), DM_DRAFT
+                return _measure_groups(
+                    decoding.generate, model, tok, groups, method=method, drafter=drafter, max_draft=k,
+                    draft_budget=budget, **kw,
+                )  # fmt: skip
+
+            # Autoregressive and the three LLMA runs (the targets) in rounds, so that the machine's
+            # drift over a few minutes touches all of them alike; medians over the rounds. The
+            # draft model, far from every target, runs once.
+            timed = [("-", "autoregressive", None)] + [("llma", m, b) for m, b in methods]
+            runs = {c: [] for c in timed}
+            for _ in range(repeats):
+                for c in timed:
+                    runs[c].append(measure(*c))
+            res_of = {c: _median_run(rs) for c, rs in runs.items()}
+            for m, b in methods:
+                res_of[("draft_model", m, b)] = measure("draft_model", m, b)
+            ar = res_of[timed[0]]
             rows.append(_row(task, B, "-", "autoregressive", ar, ar, True))
             results[(task, B, "-", "autoregressive")] = 1.0
             for dname in ("llma", "draft_model"):
-                for method, budget in (("vanilla", None), ("ems", None), ("ems", "auto")):
-                    if dname == "llma":
-                        drafter, k = LLMADrafter(match_len=2, copy_len=7), 7
-                    else:
-                        drafter, k = DraftModelDrafter(draft_model, max_draft=DM_DRAFT), DM_DRAFT
-                    # the draft model is far from every target: one run; LLMA (the targets): medians
-                    res = _measure_groups(
-                        decoding.generate, model, tok, groups, repeats=repeats if dname == "llma" else 1,
-                        method=method, drafter=drafter, max_draft=k, draft_budget=budget, **kw,
-                    )  # fmt: skip
+                for method, budget in methods:
+                    res = res_of[(dname, method, budget)]
                     label = method if budget is None else "ems+budget"
                     same = res["tokens"] == ar["tokens"]
                     rows.append(_row(task, B, dname, label, res, ar, same))
@@ -256,7 +275,8 @@ def run(quick: bool = False) -> Report:
         f"{platform.python_version()}, sha256/16 of the prompts {work['hash']}; max_new_tokens "
         f"{max_new['copy']} (copy), {max_new['chat']} (chat); batch sizes 1, 2, 4 decode "
         "the first 4 prompts (in 4, 2, 1 batches), 8 and 16 the first 8 and 16; rates are medians of "
-        f"{repeats} runs (autoregressive and LLMA; one run for the draft model).",
+        f"{repeats} runs taken in rounds (autoregressive and the three LLMA methods in turn); one run "
+        "for the draft model.",
         "tok/s wall: generated tokens (less the first, from the prefill) per wall second of the decode "
         "phase; speedup is its ratio to autoregressive at the same B (run on an otherwise idle machine). "
         "tok/s cpu: the same per CPU second, for information (the engine's kernels run on two threads, "

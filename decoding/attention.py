@@ -18,11 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._xp import namespace
+from .kernels import _MASKED as _NEG
 from .kernels import varlen_attention
 
 __all__ = ["AttentionPlan", "attend", "packed_attention"]
-
-_NEG = -1e30  # finite, so a row with every key hidden stays finite (its output is then ignored)
 
 
 def _softmax_(s: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""CPU kernel for the engine's few-row matrix products (numba), and the dispatch to it.
+"""CPU kernels (numba) for the engine's few-row matrix products and packed attention, and the dispatch.
 
 A decode or verification step multiplies a handful of rows (one per new token) by every weight
 matrix. OpenBLAS's GEMM packs the whole weight matrix into its own panel layout for each call,
@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from ._xp import namespace
 
-__all__ = ["FEW_ROWS", "linear", "rows_times_weights"]
+__all__ = ["FEW_ROWS", "linear", "rows_times_weights", "varlen_attention"]
 
 # Reassociation (for SIMD sums) and FMA contraction only: no flag that assumes finite values, so
 # a fully masked attention row (all scores -1e30) stays a finite uniform average.
@@ -122,7 +122,9 @@ def linear(x, w):
     return x @ w.T
 
 
-_MASKED = -1e30  # the score of a hidden key (finite, as in decoding.attention)
+# The score of a hidden key, here and in decoding.attention: finite, so that a row with every key
+# hidden stays finite (its output is then ignored).
+_MASKED = -1e30
 
 
 @njit(parallel=True, fastmath=_FM, cache=True)
@@ -189,6 +191,8 @@ def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
     scale = dtype.type(1.0 / np.sqrt(D))
     if key_valid is None:
         valid, seq, use_valid = np.ones((1, 1), dtype=np.bool_), np.zeros(T, dtype=np.int64), False
+    elif seq is None:
+        raise ValueError("varlen_attention needs seq (each token's cache sequence) with key_valid")
     else:
         valid, seq, use_valid = np.asarray(key_valid, dtype=np.bool_), np.asarray(seq, dtype=np.int64), True
     scratch = np.empty((T * H, int(length.max()) if T else 0), dtype=dtype)

@@ -84,3 +84,9 @@ def test_varlen_attention_fully_masked_row_stays_finite():
     valid = np.array([[False, False, True, True]])
     out = varlen_attention(q, k, k, [0, 0], [1, 4], [0, 0], valid)
     assert np.isfinite(out).all()
+
+
+def test_varlen_attention_mask_needs_sequences():
+    k = np.zeros((1, 2, 2))
+    with pytest.raises(ValueError, match="seq"):
+        varlen_attention(np.ones((1, 1, 2)), k, k, [0], [1], key_valid=np.ones((1, 2), dtype=bool))

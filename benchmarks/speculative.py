@@ -181,9 +181,9 @@ def run(quick: bool = False) -> Report:
     work = build_workload(tok)
     t_cost = time.perf_counter()
     with blas_threads():
-        target_cost = CostModel.for_model(model)
+        target_cost = CostModel.for_model(model, refresh=True)  # measured in this run, like the rates
         draft_model = model.truncated(7)
-        CostModel.for_model(draft_model)
+        CostModel.for_model(draft_model, refresh=True)
     t_cost = time.perf_counter() - t_cost
 
     report = Report(

@@ -14,6 +14,11 @@ token adds ``alpha_i ** j`` expected tokens. Sorting all candidate draft tokens 
 taking the best ``N`` (prefixes of each draft, so the least promising tails go first), the rate is
 ``(B + sum of the N values) / (cost(B + N tokens) + drafting cost)``; ``N = 0`` is exactly the
 autoregressive step, and the budget picks the ``N`` with the highest rate.
+
+The estimates learn from every step, drafted or not: when the budget trims a cheap drafter's
+proposal, the loop checks the first trimmed token against the token the target chose there (a
+*shadow check*, free), so a sample whose drafts would pay is found even where the prior alone
+would never let it draft.
 """
 
 from __future__ import annotations
@@ -212,7 +217,9 @@ class DraftBudget:
 
         ``(accepted + 2 g) / (accepted + rejected + 2)``, where ``g`` is the pooled estimate of
         the whole batch (itself shrunk toward ``prior``): the maximum-likelihood estimate of a
-        geometric acceptance length with two pseudo-observations.
+        geometric acceptance length with two pseudo-observations. The counts include the
+        speculative loop's shadow checks of trimmed drafts (one token each, censored like a
+        fully accepted draft when it matches).
         """
         a = np.asarray(accepted, dtype=float)
         r = np.asarray(rejected, dtype=float)

@@ -250,6 +250,7 @@ def speculative_generate(
     acc_n = np.zeros(B)  # per-sample accepted draft tokens (for the budget's estimates)
     rej_n = np.zeros(B)  # per-sample rejection events
     trimmed = 0  # draft tokens proposed but dropped by the budget
+    shadow_checks = 0  # trimmed draft tokens checked against the target's token at no cost
 
     decode_start = time.perf_counter()
     first = sample(logits, sampling, rng)
@@ -272,6 +273,7 @@ def speculative_generate(
         qprobs = drafter.proposal_probs
         drafts = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(drafts)]
         n = np.array([d.size for d in drafts], dtype=np.int64)
+        proposed = drafts  # before the budget trims: the trimmed tails still teach it (below)
         if budget is not None and n.sum():
             keep = budget.allocate(alphas, n, padded=vanilla)
             trimmed += int((n - keep).sum())
@@ -313,6 +315,15 @@ def speculative_generate(
             proposed_sum += int(n[j])
             acc_n[i] += m
             rej_n[i] += int(m < n[j])
+            if m == n[j] and proposed[j].size > m and qprobs is None:
+                # A shadow check, free: the token the target chose after the last verified draft
+                # token is the one the first trimmed draft token would have been checked against
+                # (for a deterministic drafter, accepted iff equal, greedy or sampled). Without it
+                # a sample the budget never drafts for never shows that its drafts would pay.
+                hit = new[-1] == int(proposed[j][m])
+                acc_n[i] += hit
+                rej_n[i] += not hit
+                shadow_checks += 1
         sample_steps += A
         ms = np.array([m for m, _ in results], dtype=np.int64)
         if vanilla:
@@ -361,5 +372,6 @@ def speculative_generate(
         tokens_per_forward=computed / (n_forwards - 1) if n_forwards > 1 else float("nan"),
         padding_fraction=padded / computed if computed else 0.0,
         budget_trimmed=trimmed,
+        budget_shadow_checks=shadow_checks,
     )
     return res

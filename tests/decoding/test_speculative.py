@@ -60,6 +60,16 @@ class OracleDrafter(Drafter):
         return out
 
 
+class PerfectDrafter(OracleDrafter):
+    """Proposes the true greedy continuation, as long as allowed: every draft token is accepted."""
+
+    def propose(self, contexts, max_lens, samples):
+        return [
+            np.array(self.truth[s][len(c) - len(self.prompts[s]) :][:k], dtype=np.int64)
+            for c, k, s in zip(contexts, max_lens, samples, strict=True)
+        ]
+
+
 def _run(
     model, tok, ids, *, layout, drafter, max_new, max_draft=7, budget=None, eos=(), sampling=GREEDY, seed=0
 ):
@@ -130,17 +140,9 @@ def test_oracle_drafts_are_accepted_and_save_forwards(tiny64):
     ids = [tok.encode(t) for t in ["the cat", "in the hat sat a", "x", "a b c d e f"]]
     ref = _ar(model, tok, ids, 20)
 
-    class Perfect(OracleDrafter):
-        def propose(self, contexts, max_lens, samples):
-            return [
-                np.array(self.truth[s][len(c) - len(self.prompts[s]) :][:k], dtype=np.int64)
-                for c, k, s in zip(contexts, max_lens, samples, strict=True)
-            ]
-
     for layout in ("ems", "vanilla"):
-        res = _run(
-            model, tok, ids, layout=layout, drafter=Perfect(ids, ref.tokens, 0), max_new=20, max_draft=7
-        )
+        perfect = PerfectDrafter(ids, ref.tokens, 0)
+        res = _run(model, tok, ids, layout=layout, drafter=perfect, max_new=20, max_draft=7)
         assert res.tokens == ref.tokens
         # 19 tokens after the first, 8 per step: 3 verification forwards instead of 19
         assert res.stats["verify_forwards"] == 3
@@ -445,6 +447,31 @@ def test_budget_alphas_follow_history():
     budget = DraftBudget(CostModel((1, 2), (1.0, 1.1)), prior=0.5)
     a = budget.alphas(np.array([0.0, 30.0, 0.0]), np.array([0.0, 1.0, 10.0]))
     assert a[1] > 0.8 > a[0] > a[2] and a[2] < 0.3
+
+
+@pytest.mark.parametrize("layout", ["ems", "vanilla"])
+def test_budget_learns_from_drafts_it_trimmed(tiny64, layout):
+    """A budget that starts too pessimistic to draft still learns that the drafts would pay.
+
+    Cost 1 for 4 tokens, + 0.15 per further token: a draft token pays only when its expected
+    value exceeds 0.6, so at the prior (0.5) nothing is verified. The drafts are perfect; the
+    shadow checks (each trimmed draft's first token against the target's choice) raise the
+    estimates within a few steps, after which drafts are verified and forwards saved.
+    """
+    model, tok = tiny64
+    ids = [tok.encode(t) for t in ["the cat", "in the hat sat a", "x", "a b c d e f"]]
+    ref = _ar(model, tok, ids, 24)
+    grid = np.arange(1, 65)
+    cost = CostModel(tuple(grid), tuple(1.0 + 0.15 * np.maximum(grid - 4, 0) + 1e-9 * grid))
+    budget = DraftBudget(cost, prior=0.5)
+    assert budget.allocate(budget.alphas(np.zeros(4), np.zeros(4)), np.full(4, 7)).sum() == 0
+    res = _run(
+        model, tok, ids, layout=layout, drafter=PerfectDrafter(ids, ref.tokens, 0), max_new=24, budget=budget
+    )
+    assert res.tokens == ref.tokens
+    assert res.stats["budget_shadow_checks"] > 0
+    assert res.stats["draft_tokens"] > 0 and res.stats["acceptance_rate"] == 1.0
+    assert res.stats["verify_forwards"] <= 12  # 23 one-token steps without the shadow checks
 
 
 def test_cost_model_measured_once_and_cached(tiny64, tmp_path):

@@ -63,6 +63,29 @@ class StreamState:
         return delta
 
 
+def emit_tokens(out: list[int], state: StreamState, tokens, eos: set, max_new_tokens: int):
+    """Append ``tokens`` to one sequence's ``out`` one by one until it finishes.
+
+    Returns ``(new text, finish reason)``: the reason is ``"stop"`` (a stop string), ``"eos"``
+    (the EOS token, kept in ``out`` but not in the text), ``"length"`` (``max_new_tokens``
+    reached) or None while the sequence goes on; tokens after the finishing one are dropped.
+    """
+    delta, reason = "", None
+    for tok in tokens:
+        out.append(int(tok))
+        hit_eos = out[-1] in eos
+        delta += state.update(out if not hit_eos else out[:-1])
+        if state.stopped:
+            reason = "stop"
+        elif hit_eos:
+            reason = "eos"
+        elif len(out) >= max_new_tokens:
+            reason = "length"
+        if reason is not None:
+            return delta + state.flush(), reason
+    return delta, None
+
+
 def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = 4096):
     """Run every prompt through ``model`` into ``cache``; return each prompt's last logits ``[B, V]``.
 
@@ -137,18 +160,9 @@ def autoregressive_generate(
         nxt = sample(to_host(logits), sampling, rng)  # [len(active)] (sampling runs on the host)
         still = []
         for j, i in enumerate(active):
-            tok = int(nxt[j])
-            out[i].append(tok)
-            done = tok in eos
-            delta = states[i].update(out[i] if not done else out[i][:-1])
-            if states[i].stopped:
-                reasons[i], done = "stop", True
-            elif done:
-                reasons[i] = "eos"
-            elif len(out[i]) >= max_new_tokens:
-                done = True
-            if done:
-                delta += states[i].flush()
+            delta, reason = emit_tokens(out[i], states[i], [nxt[j]], eos, max_new_tokens)
+            if reason is not None:
+                reasons[i] = reason
                 cache.release(int(seq[i]))
             else:
                 still.append(i)

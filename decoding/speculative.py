@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from .autoregressive import StreamState
+from .autoregressive import StreamState, emit_tokens
 from .cost_model import CostModel, DraftBudget
 from .drafters import Drafter, DraftModelDrafter, make_drafter
 from .results import GenerationResult
@@ -220,25 +220,13 @@ def speculative_generate(
     npos = lens.copy()  # real tokens cached per sample (prompt + accepted)
 
     def emit(i: int, toks: list[int]) -> bool:
-        """Append accepted tokens of sample ``i`` one by one; True when it finished."""
-        done = False
-        delta = ""
-        for tok in toks:
-            out[i].append(tok)
-            hit_eos = tok in eos
-            delta += states[i].update(out[i] if not hit_eos else out[i][:-1])
-            if states[i].stopped:
-                reasons[i], done = "stop", True
-            elif hit_eos:
-                reasons[i], done = "eos", True
-            elif len(out[i]) >= max_new_tokens:
-                done = True
-            if done:
-                delta += states[i].flush()
-                break
+        """Append accepted tokens of sample ``i``; True when it finished."""
+        delta, reason = emit_tokens(out[i], states[i], toks, eos, max_new_tokens)
+        if reason is not None:
+            reasons[i] = reason
         if stream is not None and delta:
             stream(int(i), delta)
-        return done
+        return reason is not None
 
     step_times: list[float] = []
     n_forwards = 1

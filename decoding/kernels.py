@@ -133,6 +133,10 @@ def _varlen_attention(
 ):  # pragma: no cover
     T, H, D = q.shape
     G = H // k.shape[0]
+    # Sums in the data's own dtype: a Python ``0`` here (``scale * 0``) would make numba promote
+    # float32 to float64 and call the scalar float64 exp (30 layers at batch 8, context 129:
+    # 9.4 ms in float64, 5.9 ms in float32).
+    zero = scale - scale
     for r in prange(T * H):
         i = r // H
         hq = r - i * H
@@ -144,7 +148,7 @@ def _varlen_attention(
         m = masked
         for j in range(n_keys):
             kj = k[hk, s0 + j]
-            acc = scale * 0
+            acc = zero
             for d in range(D):
                 acc += qi[d] * kj[d]
             acc *= scale
@@ -152,7 +156,7 @@ def _varlen_attention(
                 acc = masked  # computed, then hidden: what a padded layout pays
             sc[j] = acc
             m = max(m, acc)
-        total = scale * 0
+        total = zero
         for j in range(n_keys):
             e = np.exp(sc[j] - m)
             sc[j] = e

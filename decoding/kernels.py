@@ -255,43 +255,59 @@ _MASKED = -1e30
 def _varlen_attention(
     q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, out
 ):  # pragma: no cover
+    # One row per (token, key head): its G query heads share every key and value row while it is
+    # in L1 (G = 3 for SmolLM2), and the values are summed four keys per pass over the output row
+    # (a quarter of its loads and stores). Against one row per query head, 30 layers at batch 8,
+    # context 129 (interleaved medians): 5.5 / 5.9 ms with the cache streamed from memory, as in
+    # a decode step; 3.5 / 3.6 ms from cache; batch 1 unchanged (1.2 ms).
     T, H, D = q.shape
-    G = H // k.shape[0]
+    Hkv = k.shape[0]
+    G = H // Hkv
     # Sums in the data's own dtype: a Python ``0`` here (``scale * 0``) would make numba promote
     # float32 to float64 and call the scalar float64 exp (30 layers at batch 8, context 129:
     # 9.4 ms in float64, 5.9 ms in float32).
     zero = scale - scale
-    for r in prange(T * H):
-        i = r // H
-        hq = r - i * H
-        hk = hq // G
+    for r in prange(T * Hkv):
+        i = r // Hkv
+        hk = r - i * Hkv
         s0 = start[i]
         n_keys = length[i]
-        sc = scratch[r]
-        qi = q[i, hq]
-        m = masked
-        for j in range(n_keys):
-            kj = k[hk, s0 + j]
-            acc = zero
-            for d in range(D):
-                acc += qi[d] * kj[d]
-            acc *= scale
-            if use_valid and not valid[seq[i], j]:
-                acc = masked  # computed, then hidden: what a padded layout pays
-            sc[j] = acc
-            m = max(m, acc)
-        total = zero
-        for j in range(n_keys):
-            e = np.exp(sc[j] - m)
-            sc[j] = e
-            total += e
-        o = out[i, hq]
-        o[:] = 0
-        for j in range(n_keys):
-            w = sc[j] / total
-            vj = v[hk, s0 + j]
-            for d in range(D):
-                o[d] += w * vj[d]
+        sc = scratch[r]  # G runs of n_keys scores, then probabilities
+        for g in range(G):
+            qi = q[i, hk * G + g]
+            base = g * n_keys
+            m = masked
+            for j in range(n_keys):
+                kj = k[hk, s0 + j]
+                acc = zero
+                for d in range(D):
+                    acc += qi[d] * kj[d]
+                acc *= scale
+                if use_valid and not valid[seq[i], j]:
+                    acc = masked  # computed, then hidden: what a padded layout pays
+                sc[base + j] = acc
+                m = max(m, acc)
+            total = zero
+            for j in range(n_keys):
+                e = np.exp(sc[base + j] - m)
+                sc[base + j] = e
+                total += e
+            inv = 1 / total
+            for j in range(n_keys):
+                sc[base + j] *= inv
+            o = out[i, hk * G + g]
+            o[:] = 0
+            n4 = n_keys - n_keys % 4
+            for j in range(0, n4, 4):
+                p0, p1, p2, p3 = sc[base + j], sc[base + j + 1], sc[base + j + 2], sc[base + j + 3]
+                v0, v1, v2, v3 = v[hk, s0 + j], v[hk, s0 + j + 1], v[hk, s0 + j + 2], v[hk, s0 + j + 3]
+                for d in range(D):
+                    o[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
+            for j in range(n4, n_keys):
+                p0 = sc[base + j]
+                v0 = v[hk, s0 + j]
+                for d in range(D):
+                    o[d] += p0 * v0[d]
 
 
 def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
@@ -301,7 +317,7 @@ def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
     ``start[i] .. start[i] + length[i] - 1`` of ``k``/``v`` ``[Hkv, slots, D]``, query head ``h``
     to key head ``h // (H // Hkv)``; with ``key_valid`` ``[max_seqs, capacity]``, slot ``j`` of the
     run is hidden unless ``key_valid[seq[i], j]`` (its score is computed, then masked, as a padded
-    layout pays for it). One call covers a whole ragged batch: (token, head) rows are split across
+    layout pays for it). One call covers a whole ragged batch: (token, key head) rows are split across
     threads, with no loop over sequences in Python.
 
     Examples
@@ -323,7 +339,8 @@ def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
         raise ValueError("varlen_attention needs seq (each token's cache sequence) with key_valid")
     else:
         valid, seq, use_valid = np.asarray(key_valid, dtype=np.bool_), np.asarray(seq, dtype=np.int64), True
-    scratch = np.empty((T * H, int(length.max()) if T else 0), dtype=dtype)
+    G = H // k.shape[0]
+    scratch = np.empty((T * k.shape[0], G * int(length.max()) if T else 0), dtype=dtype)
     out = np.empty((T, H, D), dtype=dtype)
     if T:
         # The mask value in the data's own precision: a hidden score minus the running maximum

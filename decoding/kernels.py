@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 
 from ._xp import namespace
 
-__all__ = ["FEW_ROWS", "linear", "rows_times_weights", "varlen_attention"]
+__all__ = ["FEW_ROWS", "linear", "rms_norm", "rows_times_weights", "varlen_attention"]
 
 # Reassociation (for SIMD sums) and FMA contraction only: no flag that assumes finite values, so
 # a fully masked attention row (all scores -1e30) stays a finite uniform average.
@@ -244,6 +244,39 @@ def linear(x, w):
     if 0 < x.shape[0] <= FEW_ROWS and namespace(x) is np and x.dtype in (np.float32, np.float64):
         return rows_times_weights(x, w)
     return x @ w.T
+
+
+@njit(fastmath=_FM, cache=True)
+def _rms_norm(x, w, eps, out):  # pragma: no cover - compiled
+    T, d = x.shape
+    for t in range(T):
+        xt = x[t]
+        ss = eps - eps  # zero in the data's dtype (a Python 0 would promote float32 to float64)
+        for i in range(d):
+            ss += xt[i] * xt[i]
+        s = np.sqrt(ss / d + eps)
+        for i in range(d):
+            out[t, i] = xt[i] * (w[i] / s)
+
+
+def rms_norm(x, w, eps):
+    """RMS norm of the rows of ``x`` ``[T, d]`` times ``w`` ``[d]``: ``x * (w / sqrt(mean(x**2) + eps))``.
+
+    NumPy float arrays take one compiled pass per row (five NumPy calls cost 10-35 us a norm, 60 of
+    them per decode step); other namespaces (CuPy) the same formula in array operations.
+
+    Examples
+    --------
+    >>> rms_norm(np.array([[3.0, 4.0]]), np.array([1.0, 2.0]), 0.0).round(4).tolist()
+    [[0.8485, 2.2627]]
+    """
+    xp = namespace(x)
+    if xp is np and x.ndim == 2 and x.dtype in (np.float32, np.float64) and w.dtype == x.dtype:
+        out = np.empty_like(x)
+        _rms_norm(np.ascontiguousarray(x), w, x.dtype.type(eps), out)
+        return out
+    ms = xp.einsum("td,td->t", x, x)[:, None] / x.shape[-1]  # [T, 1]
+    return x * (w / xp.sqrt(ms + eps))
 
 
 # The score of a hidden key, here and in decoding.attention: finite, so that a row with every key

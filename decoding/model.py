@@ -384,6 +384,14 @@ class Model:
             if self._prefetcher is None:
                 self._prefetcher = _Prefetcher(self.layers)
             pf = self._prefetcher
+        # NumPy weights and cache of one dtype: RoPE and the cache writes in one compiled pass
+        fused_rope = (
+            xp is np
+            and isinstance(cache.k, np.ndarray)
+            and cache.k.dtype == self.dtype
+            and self.dtype in (np.float32, np.float64)
+        )
+        cos2, sin2 = cos[:, 0], sin[:, 0]  # [T, D/2]
         x = self.tok_embd[xp.asarray(tokens)]  # [T, d]
         for li, L in enumerate(self.layers):
             if pf is not None:
@@ -392,10 +400,13 @@ class Model:
                     pf.request(li + 1)
             h = _rmsnorm(x, L.attn_norm, eps)  # [T, d]
             qkv = linear(h, L.wqkv)  # [T, (H + 2Hkv) D]
-            qk = _rope(qkv[:, : (H + Hkv) * D].reshape(T, H + Hkv, D), cos, sin)  # [T, H + Hkv, D]
-            q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D]
-            v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
-            cache.write(li, dev_slots, k, v)
+            if fused_rope:  # one compiled pass: rotate, store k and v, return q
+                q = kernels.rope_and_store(qkv, cos2, sin2, H, Hkv, slots, cache.k[li], cache.v[li])
+            else:
+                qk = _rope(qkv[:, : (H + Hkv) * D].reshape(T, H + Hkv, D), cos, sin)  # [T, H + Hkv, D]
+                q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D]
+                v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
+                cache.write(li, dev_slots, k, v)
             o = attend(q, cache, li, plan)  # [T, H, D]
             x = x + linear(o.reshape(T, H * D), L.wo)  # [T, d]
             h = _rmsnorm(x, L.ffn_norm, eps)

@@ -37,7 +37,7 @@ __all__ = ["CostModel", "DraftBudget", "cost_cache_dir"]
 
 #: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
 #: that cost models measured on the old engine are not reused.
-COST_MODEL_VERSION = 4
+COST_MODEL_VERSION = 5
 
 
 def cost_cache_dir() -> Path:

@@ -1,11 +1,11 @@
-"""The few-row product kernel against NumPy's matmul."""
+"""The engine's compiled kernels against NumPy: few-row products, RMS norm, packed attention."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoding.kernels import FEW_ROWS, linear, rows_times_weights, varlen_attention
+from decoding.kernels import FEW_ROWS, linear, rms_norm, rows_times_weights, varlen_attention
 
 
 @settings(max_examples=40, deadline=None)
@@ -36,6 +36,34 @@ def test_rows_times_weights_float32_at_model_sizes(T):
     ref = x.astype(np.float64) @ w.astype(np.float64).T
     bound = 576 * 4 * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w).T)
     assert np.all(np.abs(out - ref) <= bound)
+
+
+@pytest.mark.parametrize("dtype, K", [(np.float32, 1536), (np.float64, 600)])
+@pytest.mark.parametrize("N", [1, 2, 3, 5, 1023])
+@pytest.mark.parametrize("T", [1, 3, 4, 7, 8])
+def test_rows_times_weights_long_rows(dtype, K, N, T):
+    """Rows over 4 KB take the four-weight-row kernel (the MLP's down projection): row counts
+    that are not a multiple of four, token counts that are not either."""
+    assert K * np.dtype(dtype).itemsize > 4096
+    rng = np.random.default_rng(N * 100 + T)
+    x = rng.standard_normal((T, K)).astype(dtype)
+    w = rng.standard_normal((N, K)).astype(dtype)
+    out = rows_times_weights(x, w)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = 4 * K * np.finfo(dtype).eps * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
+    assert out.dtype == dtype and np.all(np.abs(out - ref) <= bound)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rms_norm_compiled_matches_the_formula(dtype):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((5, 576)) * 3).astype(dtype)
+    w = rng.standard_normal(576).astype(dtype)
+    xd, wd = x.astype(np.float64), w.astype(np.float64)
+    ref = xd / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + 1e-5) * wd
+    out = rms_norm(x, w, 1e-5)
+    assert out.dtype == dtype
+    assert np.max(np.abs(out - ref)) <= 64 * np.finfo(dtype).eps * np.max(np.abs(ref))
 
 
 def test_linear_empty_and_wide_batches_use_matmul():

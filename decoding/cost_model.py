@@ -11,9 +11,10 @@ below the autoregressive rate the same cost model predicts: at worst it drafts n
 The rule (see :meth:`DraftBudget.allocate`): sample ``i`` accepts each next draft token with an
 estimated probability ``alpha_i`` (a running estimate of its own acceptance), so its ``j``-th draft
 token adds ``alpha_i ** j`` expected tokens. Sorting all candidate draft tokens by that value and
-taking the best ``N`` (prefixes of each draft, so the least promising tails go first), the rate is
-``(B + sum of the N values) / (cost(B + N tokens) + drafting cost)``; ``N = 0`` is exactly the
-autoregressive step, and the budget picks the ``N`` with the highest rate.
+taking the best ``N`` (prefixes of each draft, so the least promising tails go first), the budget
+picks the ``N`` that finishes the batch soonest by the cost model (:meth:`DraftBudget.finish_time`;
+or, as an option, the ``N`` with the most tokens per second in this step). ``N = 0`` is exactly the
+autoregressive step.
 
 The estimates learn from every step, drafted or not: when the budget trims a cheap drafter's
 proposal, the loop checks the first trimmed token against the token the target chose there (a
@@ -194,6 +195,11 @@ class DraftBudget:
         Cost of a draft-model forward (for drafters that run a model); drafting is otherwise free.
     prior : float
         Acceptance probability assumed before a sample has any history (pseudo-counts: 2).
+    objective : {"makespan", "rate"}
+        What :meth:`allocate` minimises or maximises when the loop passes each sample's
+        remaining tokens: the predicted time to finish the batch (static batches, as
+        :func:`decoding.generate` runs them) or this step's tokens per second (right where
+        finished samples are replaced at once).
 
     Examples
     --------
@@ -207,10 +213,19 @@ class DraftBudget:
     [0, 0]
     """
 
-    def __init__(self, target_cost: CostModel, draft_cost: CostModel | None = None, prior: float = 0.5):
+    def __init__(
+        self,
+        target_cost: CostModel,
+        draft_cost: CostModel | None = None,
+        prior: float = 0.5,
+        objective: str = "makespan",
+    ):
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
+        if objective not in ("makespan", "rate"):
+            raise ValueError(f"objective must be 'makespan' or 'rate', got {objective!r}")
         self.target_cost, self.draft_cost, self.prior = target_cost, draft_cost, float(prior)
+        self.objective = objective
 
     def alphas(self, accepted: np.ndarray, rejected: np.ndarray) -> np.ndarray:
         """Per-sample acceptance estimates from accepted draft tokens and rejection events.
@@ -226,10 +241,71 @@ class DraftBudget:
         g = (a.sum() + 2 * self.prior) / (a.sum() + r.sum() + 2)
         return np.clip((a + 2 * g) / (a + r + 2), 1e-6, 1 - 1e-6)
 
+    def finish_time(self, alphas, n, remaining, *, padded=False, first=0.0, steady=0.0):
+        """Predicted seconds to finish a static batch if each sample keeps draft length ``n``.
+
+        ``n`` is ``[B]`` or ``[M, B]`` (``M`` allocations at once). Sample ``i`` gains
+        ``e_i = 1 + sum_{j <= n_i} alphas[i] ** j`` tokens per step, so it runs ``remaining[i] / e_i``
+        steps; while ``k`` samples run, a step costs ``cost(their tokens, k)`` (padded: ``k`` times
+        one plus their longest draft). ``first``/``steady`` ``[M]``: drafting cost of the first and
+        of each later step while a drafting sample runs.
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2, 4), (1.0, 1.0, 2.0)))
+        >>> float(b.finish_time(np.array([0.5, 0.5]), np.array([0, 0]), np.array([4, 4])))
+        4.0
+        >>> # 2.67 steps of both (3 tokens: cost 1.5), then 1.33 of the undrafted one alone (cost 1)
+        >>> float(b.finish_time(np.array([0.5, 0.5]), np.array([1, 0]), np.array([4, 4])))
+        5.333333333333334
+        """
+        a = np.clip(np.asarray(alphas, dtype=float), 0.0, 1 - 1e-9)
+        n = np.atleast_2d(np.asarray(n, dtype=float))
+        e = 1 + a * (1 - a**n) / (1 - a)  # expected tokens per step
+        steps = np.asarray(remaining, dtype=float) / e  # [M, B]
+        order = np.argsort(steps, axis=1)
+        steps = np.take_along_axis(steps, order, axis=1)
+        width = 1 + np.take_along_axis(n, order, axis=1)  # tokens per step of each sample
+        B = steps.shape[1]
+        running = B - np.arange(B)  # samples still running in segment k (those sorted k..B-1)
+        if padded:
+            widest = np.maximum.accumulate(width[:, ::-1], axis=1)[:, ::-1]
+            tokens = running * widest
+        else:
+            tokens = np.cumsum(width[:, ::-1], axis=1)[:, ::-1]
+        seg = np.diff(steps, axis=1, prepend=0.0)  # how many steps each segment lasts
+        total = (seg * self.target_cost.cost(tokens, running)).sum(axis=1)
+        drafting_steps = np.where(np.take_along_axis(n, order, axis=1) > 0, steps, 0.0).max(axis=1)
+        total = total + np.where(drafting_steps > 0, first + np.maximum(drafting_steps - 1, 0) * steady, 0.0)
+        return total if total.size > 1 else total[0]
+
     def allocate(
-        self, alphas, lengths, *, padded: bool = False, include_draft_cost: bool = False, setup=None
+        self,
+        alphas,
+        lengths,
+        *,
+        padded: bool = False,
+        include_draft_cost: bool = False,
+        setup=None,
+        remaining=None,
     ):
-        """Draft lengths (``<= lengths``) that maximise expected tokens per second for this step.
+        """Draft lengths (``<= lengths``) that make this batch fastest, by one of two objectives.
+
+        Candidates are every sample's draft tokens, most promising first (``alphas[i] ** j``);
+        the budget keeps the best ``N`` of them (prefixes of each draft), ``N = 0`` being the
+        autoregressive step, and picks ``N`` by:
+
+        - **rate** (``objective="rate"``, or ``remaining=None``): the most expected tokens per
+          second in this step, ``(B + sum of the N values) / cost``. Right where a finished
+          sample's slot is refilled at once (continuous batching): every token is worth the same.
+        - **makespan** (the default, with ``remaining`` given): the least predicted time to
+          finish the whole batch.
+          Each sample keeps this step's draft length to its end: it gains
+          ``e_i = 1 + sum_j alphas[i] ** j`` tokens per step, needs ``remaining[i] / e_i`` steps,
+          and each step costs ``cost(tokens of the samples still running)``. In a static batch the
+          slowest sample sets the end, so tokens that only make a fast sample finish early are
+          worth just what its leaving saves (little, where the cost curve is flat): the rate
+          objective overvalues them, and drafting then loses to autoregressive decoding.
 
         Parameters
         ----------
@@ -243,9 +319,12 @@ class DraftBudget:
             Add the draft model's cost: a first forward that feeds each drafting sample's ``setup``
             tokens (what its draft cache lacks of the context: the prompt at the first step, the
             accepted tokens later), then one forward of one token per drafting sample per further
-            draft step.
+            draft step (per step, for the makespan objective).
         setup : int array [B], optional
             Tokens the drafter must feed before a sample's first draft token (default 1 each).
+        remaining : int array [B], optional
+            Tokens each sample may still generate (``max_new_tokens`` less those it has); the
+            makespan objective needs it (without it, the rate objective is used).
         """
         alphas = np.asarray(alphas, dtype=float)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -258,26 +337,30 @@ class DraftBudget:
         val = alphas[samp] ** j
         order = np.lexsort((j, -val))
         samp, j, val = samp[order], j[order], val[order]
-        gain = B + np.concatenate([[0.0], np.cumsum(val)])  # expected tokens with the first N candidates
-        N = np.arange(gain.size)
+        N = np.arange(samp.size + 1)
         longest = np.concatenate([[0], np.maximum.accumulate(j)])  # longest draft among the first N
         drafting = np.concatenate([[0], np.cumsum(j == 1)])  # samples with a draft among the first N
-        setup = (
-            np.ones(B, dtype=np.int64) if setup is None else np.maximum(np.asarray(setup, dtype=np.int64), 1)
-        )
-        fed = np.concatenate([[0], np.cumsum(np.where(j == 1, setup[samp], 0))])  # first draft forward
-        if padded:
-            cost = self.target_cost.cost(B * (1 + longest), B)
-        else:
-            cost = self.target_cost.cost(B + N, B)
+        first = np.zeros(N.size)  # drafting cost of this step with the first N candidates
+        steady = np.zeros(N.size)  # ... and of each later step (the draft caches caught up)
         if include_draft_cost and self.draft_cost is not None:
-            first = np.array(
-                [self.draft_cost.cost(max(f, 1), max(n, 1)) for f, n in zip(fed, drafting, strict=True)]
-            )
-            later = np.array([self.draft_cost.cost(max(n, 1), max(n, 1)) for n in drafting])
-            cost = cost + np.where(N > 0, first + np.maximum(longest - 1, 0) * later, 0.0)
-        rate = gain / cost
-        best = int(np.argmax(rate))  # ties: the fewest draft tokens
+            setup = np.ones(B, np.int64) if setup is None else np.maximum(np.asarray(setup, np.int64), 1)
+            fed = np.concatenate([[0], np.cumsum(np.where(j == 1, setup[samp], 0))])  # first forward
+            c = self.draft_cost.cost
+            one = np.array([c(max(n, 1), max(n, 1)) for n in drafting])  # a token per drafting sample
+            first = np.array([c(max(f, 1), max(d, 1)) for f, d in zip(fed, drafting, strict=True)])
+            first = np.where(N > 0, first + np.maximum(longest - 1, 0) * one, 0.0)
+            steady = np.where(N > 0, longest * one, 0.0)
+        if remaining is None or self.objective == "rate":
+            gain = B + np.concatenate([[0.0], np.cumsum(val)])  # expected tokens, first N candidates
+            tokens = B * (1 + longest) if padded else B + N
+            best = int(np.argmax(gain / (self.target_cost.cost(tokens, B) + first)))
+        else:
+            n = np.zeros((N.size, B))  # each sample's draft length with the first N candidates
+            n[N[1:], samp] = 1
+            n = np.cumsum(n, axis=0)
+            rem = np.maximum(np.asarray(remaining, dtype=float), 1.0)
+            best = int(np.argmin(self.finish_time(alphas, n, rem, padded=padded, first=first, steady=steady)))
+        # ties: the fewest draft tokens (argmax/argmin return the first)
         out = np.zeros(B, dtype=np.int64)
         np.add.at(out, samp[:best], 1)
         return out

@@ -250,12 +250,15 @@ def speculative_generate(
     while active:
         t_step = time.perf_counter()
         A = len(active)
-        room = np.array([min(k, max_new_tokens - len(out[i]) - 1) for i in active], dtype=np.int64)
+        left = np.array([max_new_tokens - len(out[i]) for i in active], dtype=np.int64)
+        room = np.minimum(k, left - 1)
         alphas = budget.alphas(acc_n[active], rej_n[active]) if budget is not None else None
         contexts = [np.concatenate([prompts_np[i], np.asarray(out[i], dtype=np.int64)]) for i in active]
         if budget is not None and budget.draft_cost is not None:  # plan before drafting: it costs
             setup = drafter.pending(contexts, active) if hasattr(drafter, "pending") else None
-            plan = budget.allocate(alphas, room, padded=vanilla, include_draft_cost=True, setup=setup)
+            plan = budget.allocate(
+                alphas, room, padded=vanilla, include_draft_cost=True, setup=setup, remaining=left
+            )
             room = np.minimum(room, plan)
         drafts = drafter.propose(contexts, room, active)
         qprobs = drafter.proposal_probs
@@ -263,7 +266,7 @@ def speculative_generate(
         n = np.array([d.size for d in drafts], dtype=np.int64)
         proposed = drafts  # before the budget trims: the trimmed tails still teach it (below)
         if budget is not None and n.sum():
-            keep = budget.allocate(alphas, n, padded=vanilla)
+            keep = budget.allocate(alphas, n, padded=vanilla, remaining=left)
             trimmed += int((n - keep).sum())
             drafts = [d[: keep[j]] for j, d in enumerate(drafts)]
             n = keep

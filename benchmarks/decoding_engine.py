@@ -5,7 +5,9 @@ Peers measured in the same run:
   bandwidth of summing a 1 GB float32 NumPy array (a decode step must read every weight once);
 - llama.cpp through ``llama-cpp-python`` at batch 1, when ``make parity`` has built ``.venv-parity``
   (else "not measured");
-- Hugging Face ``transformers`` on CPU only where an optional ``.venv-torch`` exists (else "not measured").
+- Hugging Face ``transformers`` on CPU (PyTorch, the same GGUF dequantized to float32) at batch 1
+  and 8, where ``make torch`` has built the optional ``.venv-torch`` (else "not measured"); its
+  worker is ``benchmarks/transformers_worker.py``.
 
 Both wall-clock and CPU-time rates are reported: this machine's 2 cores are shared with other
 jobs, and the engine runs BLAS single-threaded (see ``decoding._threads``), so tokens per CPU-second
@@ -53,6 +55,18 @@ def _llamacpp_figures(model_path: Path, prompt_ids: list[int], n_decode: int) ->
     if not PARITY_PY.exists():
         return None
     cmd = [str(PARITY_PY), str(ROOT / "benchmarks" / "parity_llamacpp.py"), "--worker-bench", str(model_path)]
+    return _worker_figures(cmd, prompt_ids, n_decode, "the llama.cpp worker")
+
+
+def _transformers_figures(model_path: Path, prompt_ids: list[int], n_decode: int) -> dict | None:
+    if not TORCH_PY.exists():
+        return None
+    cmd = [str(TORCH_PY), str(ROOT / "benchmarks" / "transformers_worker.py"), str(model_path)]
+    return _worker_figures(cmd, prompt_ids, n_decode, "the transformers worker")
+
+
+def _worker_figures(cmd: list[str], prompt_ids: list[int], n_decode: int, who: str) -> dict:
+    """Run a peer's worker in its own venv: ``{"runs": [...]}`` or ``{"error": why}``."""
     try:
         out = subprocess.run(
             cmd,
@@ -65,7 +79,7 @@ def _llamacpp_figures(model_path: Path, prompt_ids: list[int], n_decode: int) ->
         return {"runs": json.loads(out.stdout.strip().splitlines()[-1])}
     except subprocess.CalledProcessError as e:
         last = (e.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"not measured: the llama.cpp worker failed ({last[0][:150]})"}
+        return {"error": f"not measured: {who} failed ({last[0][:150]})"}
     except (subprocess.SubprocessError, ValueError, IndexError) as e:
         return {"error": f"not measured: {str(e)[:150]}"}
 
@@ -214,16 +228,28 @@ def run(quick: bool = False) -> Report:
                     "ms/step (wall)": 1e3 / r["decode_tok_s"],
                 }
             )
-    if not TORCH_PY.exists():
-        report.rows.append(
-            {
-                "engine": "transformers (CPU)",
-                "case": "not measured: no .venv-torch",
-                "tok/s (wall)": "",
-                "tok/CPU-s": "",
-                "ms/step (wall)": "",
-            }
-        )
+    hf = _transformers_figures(model_path(), [int(i) for i in prompt], n_steps * 4)
+    if hf is None or "error" in hf:
+        why = "not measured: .venv-torch absent (run `make torch`)" if hf is None else hf["error"]
+        empty = {"tok/s (wall)": "", "tok/CPU-s": "", "ms/step (wall)": ""}
+        report.rows.append({"engine": "transformers (CPU)", "case": why, **empty})
+    else:
+        for r in hf["runs"]:
+            name = f"transformers (PyTorch CPU, float32), {r['threads']} thread(s)"
+            for case, rate, n in (
+                (f"prefill {n_prefill} tokens, batch 1", r["prefill_tok_s"], n_prefill),
+                ("decode, batch 1 (context 64+)", r["decode_tok_s"], 1),
+                ("decode, batch 8 (context 64+)", r["decode_b8_tok_s"], 8),
+            ):
+                report.rows.append(
+                    {
+                        "engine": name,
+                        "case": case,
+                        "tok/s (wall)": rate,
+                        "tok/CPU-s": "",
+                        "ms/step (wall)": 1e3 * n / rate,
+                    }
+                )
 
     b1_wall, b1_cpu, _ = decode[1]
     b8_wall, b8_cpu, _ = decode[8]

@@ -28,7 +28,7 @@ from ._xp import namespace
 from .attention import AttentionPlan, attend
 from .config import LlamaConfig
 from .gguf import GGUFFile, read_gguf
-from .kernels import linear
+from .kernels import linear, rms_norm
 from .kv_cache import KVCache
 
 __all__ = ["Model", "Layer", "PackedBatch"]
@@ -82,11 +82,6 @@ class PackedBatch:
             [p + np.arange(n, dtype=np.int64) for p, n in zip(start_positions, counts, strict=True)]
         )
         return cls(tokens, np.asarray(seq_ids, dtype=np.int64), cu, pos)
-
-
-def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    # x: [T, d]; one compiled pass for NumPy arrays (decoding.kernels.rms_norm)
-    return kernels.rms_norm(x, w, eps)
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -398,7 +393,7 @@ class Model:
                 pf.current = li
                 if li + 1 < self.n_layers:
                     pf.request(li + 1)
-            h = _rmsnorm(x, L.attn_norm, eps)  # [T, d]
+            h = rms_norm(x, L.attn_norm, eps)  # [T, d]
             qkv = linear(h, L.wqkv)  # [T, (H + 2Hkv) D]
             if fused_rope:  # one compiled pass: rotate, store k and v, return q
                 q = kernels.rope_and_store(qkv, cos2, sin2, H, Hkv, slots, cache.k[li], cache.v[li])
@@ -409,7 +404,7 @@ class Model:
                 cache.write(li, dev_slots, k, v)
             o = attend(q, cache, li, plan)  # [T, H, D]
             x = x + linear(o.reshape(T, H * D), L.wo)  # [T, d]
-            h = _rmsnorm(x, L.ffn_norm, eps)
+            h = rms_norm(x, L.ffn_norm, eps)
             gu = linear(h, L.w_gate_up)  # [T, 2F]
             F = gu.shape[1] // 2
             x = x + linear(_swiglu(gu[:, :F], gu[:, F:]), L.w_down)  # [T, d]
@@ -422,7 +417,7 @@ class Model:
         if logits == "last":
             idx = xp.asarray(np.maximum(cu[1:] - 1, 0))
             x = x[idx] if T else xp.zeros((B, cfg.d_model), self.dtype)  # [B, d]
-        out = _head(_rmsnorm(x, self.out_norm, eps), self.output_weight)  # [T or B, V]
+        out = _head(rms_norm(x, self.out_norm, eps), self.output_weight)  # [T or B, V]
         if logits == "last" and (counts == 0).any():
             out[xp.asarray(counts == 0)] = np.nan
         return out

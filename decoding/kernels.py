@@ -52,8 +52,16 @@ _PREFETCH_ROWS = 16
 
 #: Rows longer than this (bytes) take the four-weight-row kernel (the MLP's down projection,
 #: 6 KB rows: 7.3 instead of 9.2 ms for its 30 layers at eight tokens); shorter rows keep two
-#: weight rows per pass, which measured faster there (2304-byte rows: 14.2 / 14.8 ms).
+#: weight rows per pass below :data:`_FOUR_ROW_TOKENS` tokens.
 _LONG_ROW_BYTES = 4096
+
+#: From this many tokens on, every product takes the four-weight-row kernel: there the arithmetic,
+#: not the weight reads, sets the pace, and four weight rows per pass do eight loads per sixteen
+#: multiply-adds where two do six per eight. Measured (576-column rows, float32, 2 threads,
+#: GFLOP/s two-row / four-row): 960 rows at 8, 16, 32, 64 tokens 98 / 112, 101 / 130, 111 / 149,
+#: 114 / 156; the 49152-row head 113 / 116, 110 / 135, 124 / 161, 147 / 155. Below eight tokens
+#: the head is read from memory and two rows per pass were faster (4 tokens: 69 / 55).
+_FOUR_ROW_TOKENS = 8
 
 
 @intrinsic
@@ -161,9 +169,10 @@ def _rows_times_weights(x, w, out, zero):  # pragma: no cover - compiled
 
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _rows_times_weights_long(x, w, out, zero):  # pragma: no cover - compiled
-    # The same product for long rows (K * itemsize > _LONG_ROW_BYTES): four weight rows times four
-    # tokens per inner loop. Four tokens' rows and two weight rows no longer fit in L1 there, so
-    # the loads come from L2; four weight rows per pass halve the times x is streamed from it.
+    # The same product for long rows (K * itemsize > _LONG_ROW_BYTES) and for eight tokens or more
+    # (_FOUR_ROW_TOKENS): four weight rows times four tokens per inner loop. For long rows, four
+    # tokens' rows and two weight rows no longer fit in L1, so the loads come from L2; four weight
+    # rows per pass halve the times x is streamed from it.
     T, K = x.shape
     N = w.shape[0]
     T4 = T - T % 4
@@ -249,8 +258,8 @@ def rows_times_weights(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=dtype)
     w = np.ascontiguousarray(w, dtype=dtype)
     out = np.empty((x.shape[0], w.shape[0]), dtype=dtype)
-    long_rows = x.shape[1] * dtype.itemsize > _LONG_ROW_BYTES
-    kernel = _rows_times_weights_long if long_rows else _rows_times_weights
+    four_rows = x.shape[1] * dtype.itemsize > _LONG_ROW_BYTES or x.shape[0] >= _FOUR_ROW_TOKENS
+    kernel = _rows_times_weights_long if four_rows else _rows_times_weights
     kernel(x, w, out, dtype.type(0))
     return out
 

@@ -26,7 +26,7 @@ def test_rows_times_weights_matches_matmul_float64(T, N, K, seed):
     assert np.array_equal(linear(x, w), out if T <= FEW_ROWS else ref)
 
 
-@pytest.mark.parametrize("T", [1, 3, 4, 8, 16])
+@pytest.mark.parametrize("T", [1, 3, 4, 8, 11, 16, 33])
 def test_rows_times_weights_float32_at_model_sizes(T):
     rng = np.random.default_rng(T)
     x = rng.standard_normal((T, 576)).astype(np.float32)

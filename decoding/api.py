@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._threads import blas_threads
-from .autoregressive import autoregressive_generate
+from .autoregressive import autoregressive_generate, check_max_batch
 from .gguf import read_gguf
 from .model import Model
 from .results import GenerationResult
@@ -126,6 +126,7 @@ def generate(
     max_draft: int = 7,
     references=None,
     draft_budget="auto",
+    max_batch: int | None = None,
 ) -> GenerationResult:
     """Generate continuations of a batch of prompts.
 
@@ -164,6 +165,11 @@ def generate(
         ``"auto"`` caps the draft tokens per step with this machine's measured cost per forward
         (:mod:`decoding.cost_model`; measured once, then cached) so that speculation does not run
         slower than autoregressive decoding; None verifies every draft (the paper's behaviour).
+    max_batch : int, optional
+        Continuous batching: at most this many prompts decode at once, and each time one
+        finishes the next waiting prompt takes its cache slot (its prefill counts as prefill
+        time). None: every prompt at once (a static batch). Not with ``method="vanilla"``, whose
+        padded cache stays aligned from the first prefill on.
 
     Returns
     -------
@@ -201,6 +207,12 @@ def generate(
                 f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} that exceeds "
                 f"the model's context of {ctx} tokens"
             )
+    max_batch = check_max_batch(max_batch)
+    if method == "vanilla" and max_batch is not None and max_batch < len(ids):
+        raise ValueError(
+            f"max_batch={max_batch} < {len(ids)} prompts needs method 'ems' or 'autoregressive': the "
+            "padded (vanilla) layout keeps every sample's cache aligned from the first prefill on"
+        )
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     eos = [e for e in (tokenizer.eos_id, getattr(tokenizer, "eot_id", None)) if e is not None]
     if method not in ("autoregressive", "ems", "vanilla"):
@@ -224,6 +236,7 @@ def generate(
                 stream=stream,
                 eos_ids=eos,
                 layout=method,
+                max_batch=max_batch,
                 **spec,
             )
     with blas_threads():
@@ -237,4 +250,5 @@ def generate(
             rng=rng,
             stream=stream,
             eos_ids=eos,
+            max_batch=max_batch,
         )

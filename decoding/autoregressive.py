@@ -1,7 +1,8 @@
 """Batched autoregressive decoding: prefill every prompt in one packed forward, then one token per step.
 
 Finished sequences (EOS, a stop string, or ``max_new_tokens``) leave the packed batch at once, so
-later steps only run the sequences still going, and their cache regions are released.
+later steps only run the sequences still going, and their cache regions are released. With
+``max_batch`` (continuous batching) a released region goes at once to the next waiting prompt.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ._xp import to_host
 from .results import GenerationResult
 from .sampling import SamplingParams, sample
 
-__all__ = ["autoregressive_generate", "StreamState"]
+__all__ = ["autoregressive_generate", "StreamState", "SlotQueue", "check_max_batch"]
 
 
 class StreamState:
@@ -123,6 +124,49 @@ def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = 4096):
     return xp.stack(out)
 
 
+class SlotQueue:
+    """Prompts waiting for a cache slot (continuous batching): who is admitted next, and the prefill.
+
+    With ``max_batch`` slots for ``B`` prompts, the first ``max_batch`` prompts start together; each
+    time a sequence finishes and releases its cache region, the next waiting prompt takes it, its
+    prompt run by :func:`prefill` (timed apart, as prefill). ``max_batch=None``: every prompt at once.
+    """
+
+    def __init__(self, n_prompts: int, max_batch: int | None):
+        self.slots = n_prompts if max_batch is None else min(int(max_batch), n_prompts)
+        self.waiting = list(range(n_prompts))[::-1]  # popped from the end: prompt order
+        self.prefill_time = 0.0
+        self.prefill_forwards = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def admit(self, model, cache, seq: np.ndarray, prompt_ids) -> tuple[list[int], object]:
+        """Give free cache regions to waiting prompts and prefill them; ``(admitted, logits [n, V])``."""
+        free = int((~cache.in_use).sum())
+        new = [self.waiting.pop() for _ in range(min(free, len(self.waiting)))]
+        if not new:
+            return new, None
+        for i in new:
+            seq[i] = cache.allocate()
+        t0 = time.perf_counter()
+        logits = prefill(model, cache, seq[new], [prompt_ids[i] for i in new])
+        self.prefill_time += time.perf_counter() - t0
+        self.prefill_forwards += 1
+        return new, logits
+
+
+def check_max_batch(max_batch) -> int | None:
+    """Validate ``max_batch`` (None, or an integer >= 1)."""
+    if max_batch is None:
+        return None
+    if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)):
+        raise TypeError(f"max_batch must be an integer or None, got {type(max_batch).__name__}")
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1 (or None: every prompt at once), got {max_batch}")
+    return int(max_batch)
+
+
 def autoregressive_generate(
     model,
     tokenizer,
@@ -134,25 +178,26 @@ def autoregressive_generate(
     rng: np.random.Generator,
     stream=None,
     eos_ids=(),
+    max_batch: int | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after each prompt (ids, validated by the caller).
 
-    ``stream(i, text)`` is called with each new piece of text of prompt ``i``.
+    ``stream(i, text)`` is called with each new piece of text of prompt ``i``. With ``max_batch``,
+    at most that many prompts decode at once and a finished one's slot goes to the next waiting
+    prompt (:class:`SlotQueue`); the prefills of admitted prompts count as prefill time.
     """
     B = len(prompt_ids)
+    queue = SlotQueue(B, max_batch)
     lens = np.array([len(p) for p in prompt_ids], dtype=np.int64)
-    cache = model.new_cache(max_seqs=B, capacity=int(lens.max()) + max_new_tokens)
-    seq = np.array([cache.allocate() for _ in range(B)], dtype=np.int64)
+    cache = model.new_cache(max_seqs=queue.slots, capacity=int(lens.max()) + max_new_tokens)
+    seq = np.full(B, -1, dtype=np.int64)
     eos = set(int(e) for e in eos_ids)
     out: list[list[int]] = [[] for _ in range(B)]
     states = [StreamState(tokenizer, stop) for _ in range(B)]
     reasons = ["length"] * B
 
-    t0 = time.perf_counter()
-    logits = prefill(model, cache, seq, prompt_ids)  # [B, V]
-    prefill_time = time.perf_counter() - t0
-
-    active = np.arange(B)
+    active, logits = queue.admit(model, cache, seq, prompt_ids)  # [B, V]
+    prefill_time = queue.prefill_time
     step_times = []
     decode_start = time.perf_counter()
     while True:
@@ -168,26 +213,31 @@ def autoregressive_generate(
                 still.append(i)
             if stream is not None and delta:
                 stream(int(i), delta)
-        if not still:
-            if step_times:
-                step_times[-1] += time.perf_counter() - t_step
+        if still:
+            logits = model.forward(
+                np.array([out[i][-1] for i in still], dtype=np.int64),
+                cache=cache,
+                seq_ids=seq[still],
+                cu_seqlens=np.arange(len(still) + 1),
+                logits="last",
+            )
+        if still:
+            step_times.append(time.perf_counter() - t_step)
+        elif step_times:  # this pass only emitted: part of the step before
+            step_times[-1] += time.perf_counter() - t_step
+        new, new_logits = queue.admit(model, cache, seq, prompt_ids)  # into the slots just freed
+        if new:
+            logits = new_logits if not still else model.xp.concatenate([logits, new_logits])
+        elif not still:
             break
-        active = np.array(still, dtype=np.int64)
-        logits = model.forward(
-            np.array([out[i][-1] for i in active], dtype=np.int64),
-            cache=cache,
-            seq_ids=seq[active],
-            cu_seqlens=np.arange(len(active) + 1),
-            logits="last",
-        )
-        step_times.append(time.perf_counter() - t_step)
-    decode_time = time.perf_counter() - decode_start
+        active = still + new
+    decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
     return GenerationResult(
         tokens=out,
         texts=[s.text for s in states],
         prompt_tokens=[list(map(int, p)) for p in prompt_ids],
         finish_reasons=reasons,
-        prefill_time=prefill_time,
+        prefill_time=queue.prefill_time,
         decode_time=decode_time,
         step_times=step_times,
     )

@@ -38,6 +38,7 @@ def _generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stream=stream,
+        max_batch=args.max_batch,
         **_speculative_kwargs(args, batch),
     )
     print()
@@ -122,6 +123,10 @@ def main(argv=None) -> int:
     g.add_argument("prompt")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of B sequences")
+    g.add_argument(
+        "--max-batch", type=int, default=None,
+        help="decode at most M sequences at once, refilling finished slots (continuous batching)",
+    )  # fmt: skip
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from .autoregressive import StreamState, emit_tokens
+from .autoregressive import SlotQueue, StreamState, emit_tokens
 from .cost_model import CostModel, DraftBudget
 from .drafters import Drafter, DraftModelDrafter, make_drafter
 from .results import GenerationResult
@@ -151,6 +151,7 @@ def speculative_generate(
     stream=None,
     eos_ids=(),
     verifier=None,
+    max_batch: int | None = None,
 ) -> GenerationResult:
     """Speculative decoding of a batch of prompts (ids, validated by the caller).
 
@@ -166,6 +167,12 @@ def speculative_generate(
         Per-sample reference texts for the drafter (LLMA).
     verifier : callable, optional
         Replaces the acceptance rule (tests use it to check that a wrong rule is detected).
+    max_batch : int, optional
+        At most this many samples decode at once; a finished sample's cache region goes to the
+        next waiting prompt (continuous batching, ``"ems"`` only: the padded layout keeps every
+        cache aligned from the first prefill on). While prompts wait, the budget maximises this
+        step's tokens per second (every token is worth the same); once none waits, it minimises
+        the time to finish the samples left.
 
     Returns
     -------
@@ -178,13 +185,19 @@ def speculative_generate(
     vanilla = layout == "vanilla"
     verify = verifier or (verify_greedy if sampling.greedy else verify_sampling)
     B = len(prompt_ids)
+    queue = SlotQueue(B, max_batch)
+    if vanilla and queue.slots < B:
+        raise ValueError(
+            f"max_batch={max_batch} < {B} prompts needs the unpadded layout: the padded one keeps "
+            "every sample's cache aligned from the first prefill on; use layout 'ems'"
+        )
     lens = np.array([len(p) for p in prompt_ids], dtype=np.int64)
     P = int(lens.max())
     k = int(max_draft)
     # vanilla's aligned cache can grow by up to k + 1 per step even for a sample that gains one token
     cap = P + max_new_tokens + k + 1 if not vanilla else P + max_new_tokens * (k + 1) + k + 1
-    cache = model.new_cache(max_seqs=B, capacity=cap)
-    seq = np.array([cache.allocate() for _ in range(B)], dtype=np.int64)
+    cache = model.new_cache(max_seqs=queue.slots, capacity=cap)
+    seq = np.full(B, -1, dtype=np.int64)
     key_valid = np.ones((B, cap), dtype=bool) if vanilla else None
     eos = set(int(e) for e in eos_ids)
     out: list[list[int]] = [[] for _ in range(B)]
@@ -193,8 +206,10 @@ def speculative_generate(
     prompts_np = [np.asarray(p, dtype=np.int64) for p in prompt_ids]
     drafter.begin(prompts_np, references, sampling, rng, max_new_tokens=max_new_tokens)
 
-    t0 = time.perf_counter()
     if vanilla:  # left-pad every prompt to the longest; pads are written to the cache and masked
+        t0 = time.perf_counter()
+        seq[:] = [cache.allocate() for _ in range(B)]
+        queue.waiting.clear()
         pads = P - lens
         toks = np.concatenate(
             [np.concatenate([np.full(n, PAD_ID), p]) for n, p in zip(pads, prompts_np, strict=True)]
@@ -208,15 +223,12 @@ def speculative_generate(
             toks, cache=cache, seq_ids=seq, cu_seqlens=np.arange(B + 1) * P, positions=pos,
             logits="last", key_valid=key_valid,
         )  # fmt: skip
+        queue.prefill_time = time.perf_counter() - t0
+        queue.prefill_forwards = 1
+        admitted = list(range(B))
     else:
-        logits = model.forward(
-            np.concatenate(prompts_np),
-            cache=cache,
-            seq_ids=seq,
-            cu_seqlens=np.concatenate([[0], np.cumsum(lens)]),
-            logits="last",
-        )  # [B, V]
-    prefill_time = time.perf_counter() - t0
+        admitted, logits = queue.admit(model, cache, seq, prompt_ids)  # [slots, V]
+    prefill_time = queue.prefill_time
     npos = lens.copy()  # real tokens cached per sample (prompt + accepted)
 
     def emit(i: int, toks: list[int]) -> bool:
@@ -229,7 +241,7 @@ def speculative_generate(
         return reason is not None
 
     step_times: list[float] = []
-    n_forwards = 1
+    n_forwards = 0  # verification forwards
     computed = 0  # tokens in the verification forwards (pads included)
     padded = 0  # of which pads
     accepted_sum = 0  # accepted draft tokens over sample-steps
@@ -240,24 +252,34 @@ def speculative_generate(
     trimmed = 0  # draft tokens proposed but dropped by the budget
     shadow_checks = 0  # trimmed draft tokens checked against the target's token at no cost
 
+    def start(new, logits) -> list[int]:
+        """Emit the first token of each newly prefilled sample; those still going."""
+        first = sample(logits, sampling, rng)
+        going = []
+        for j, i in enumerate(new):
+            if emit(i, [int(first[j])]):
+                cache.release(int(seq[i]))
+                drafter.end(i)
+            else:
+                going.append(i)
+        return going
+
     decode_start = time.perf_counter()
-    first = sample(logits, sampling, rng)
-    active = [i for i in range(B) if not emit(i, [int(first[i])])]
-    for i in range(B):
-        if i not in active:
-            cache.release(int(seq[i]))
-            drafter.end(i)
+    active = start(admitted, logits)
+    while not active and queue:  # every admitted sample finished at its first token
+        active = start(*queue.admit(model, cache, seq, prompt_ids))
     while active:
         t_step = time.perf_counter()
         A = len(active)
         left = np.array([max_new_tokens - len(out[i]) for i in active], dtype=np.int64)
         room = np.minimum(k, left - 1)
         alphas = budget.alphas(acc_n[active], rej_n[active]) if budget is not None else None
+        horizon = None if queue else left  # prompts waiting: this step's rate (see max_batch)
         contexts = [np.concatenate([prompts_np[i], np.asarray(out[i], dtype=np.int64)]) for i in active]
         if budget is not None and budget.draft_cost is not None:  # plan before drafting: it costs
             setup = drafter.pending(contexts, active) if hasattr(drafter, "pending") else None
             plan = budget.allocate(
-                alphas, room, padded=vanilla, include_draft_cost=True, setup=setup, remaining=left
+                alphas, room, padded=vanilla, include_draft_cost=True, setup=setup, remaining=horizon
             )
             room = np.minimum(room, plan)
         drafts = drafter.propose(contexts, room, active)
@@ -266,7 +288,7 @@ def speculative_generate(
         n = np.array([d.size for d in drafts], dtype=np.int64)
         proposed = drafts  # before the budget trims: the trimmed tails still teach it (below)
         if budget is not None and n.sum():
-            keep = budget.allocate(alphas, n, padded=vanilla, remaining=left)
+            keep = budget.allocate(alphas, n, padded=vanilla, remaining=horizon)
             trimmed += int((n - keep).sum())
             drafts = [d[: keep[j]] for j, d in enumerate(drafts)]
             n = keep
@@ -335,16 +357,18 @@ def speculative_generate(
                 drafter.end(i)
             else:
                 still.append(i)
-        active = still
         step_times.append(time.perf_counter() - t_step)
-    decode_time = time.perf_counter() - decode_start
+        active = still
+        while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)
+            active += start(*queue.admit(model, cache, seq, prompt_ids))
+    decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
 
     res = GenerationResult(
         tokens=out,
         texts=[s.text for s in states],
         prompt_tokens=[list(map(int, p)) for p in prompt_ids],
         finish_reasons=reasons,
-        prefill_time=prefill_time,
+        prefill_time=queue.prefill_time,
         decode_time=decode_time,
         step_times=step_times,
         method=layout,
@@ -353,14 +377,15 @@ def speculative_generate(
         drafter=getattr(drafter, "name", type(drafter).__name__),
         max_draft=k,
         budget=budget is not None,
-        target_forwards=n_forwards,
-        verify_forwards=n_forwards - 1,
+        target_forwards=queue.prefill_forwards + n_forwards,
+        verify_forwards=n_forwards,
+        max_batch=queue.slots,
         sample_steps=sample_steps,
         mean_accepted=accepted_sum / sample_steps if sample_steps else float("nan"),
         draft_tokens=proposed_sum,
         accepted_tokens=accepted_sum,
         acceptance_rate=accepted_sum / proposed_sum if proposed_sum else float("nan"),
-        tokens_per_forward=computed / (n_forwards - 1) if n_forwards > 1 else float("nan"),
+        tokens_per_forward=computed / n_forwards if n_forwards else float("nan"),
         padding_fraction=padded / computed if computed else 0.0,
         budget_trimmed=trimmed,
         budget_shadow_checks=shadow_checks,

@@ -71,18 +71,19 @@ class PerfectDrafter(OracleDrafter):
 
 
 def _run(
-    model, tok, ids, *, layout, drafter, max_new, max_draft=7, budget=None, eos=(), sampling=GREEDY, seed=0
-):
+    model, tok, ids, *, layout, drafter, max_new, max_draft=7, budget=None, eos=(), sampling=GREEDY, seed=0,
+    max_batch=None,
+):  # fmt: skip
     return speculative_generate(
         model, tok, ids, max_new_tokens=max_new, sampling=sampling, stop=[], rng=np.random.default_rng(seed),
-        drafter=drafter, max_draft=max_draft, layout=layout, budget=budget, eos_ids=eos,
+        drafter=drafter, max_draft=max_draft, layout=layout, budget=budget, eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
 
 
-def _ar(model, tok, ids, max_new, eos=()):
+def _ar(model, tok, ids, max_new, eos=(), max_batch=None):
     return autoregressive_generate(
         model, tok, ids, max_new_tokens=max_new, sampling=GREEDY, stop=[], rng=np.random.default_rng(0),
-        eos_ids=eos,
+        eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
 
 
@@ -98,6 +99,7 @@ def _ar(model, tok, ids, max_new, eos=()):
     max_new=st.integers(1, 14),
 )
 def test_greedy_equals_autoregressive(tiny64, data, B, layout, drafter, budget, max_draft, max_new):
+    """Static batches, and (EMS-SD) continuous batching through fewer slots than prompts."""
     model, tok = tiny64
     lens = data.draw(st.lists(st.integers(1, 12), min_size=B, max_size=B))
     seed = data.draw(st.integers(0, 2**31 - 1))
@@ -121,9 +123,11 @@ def test_greedy_equals_autoregressive(tiny64, data, B, layout, drafter, budget, 
         bud = DraftBudget(CostModel((1, 4, 32), (1.0, 1.3, 12.0)), prior=0.6)
     elif budget == "steep":
         bud = DraftBudget(CostModel((1, 2), (1.0, 2.0)))
+    max_batch = data.draw(st.one_of(st.none(), st.integers(1, B))) if layout == "ems" else None
     res = _run(
-        model, tok, ids, layout=layout, drafter=d, max_new=max_new, max_draft=max_draft, budget=bud, eos=eos
-    )
+        model, tok, ids, layout=layout, drafter=d, max_new=max_new, max_draft=max_draft, budget=bud, eos=eos,
+        max_batch=max_batch,
+    )  # fmt: skip
     assert res.tokens == ref.tokens
     assert res.finish_reasons == ref.finish_reasons
     assert res.texts == ref.texts
@@ -183,12 +187,93 @@ def test_generate_api_methods_agree(tiny64):
         ({"method": "ems", "references": ["a", "b"]}, ValueError, "references"),
         ({"method": "ems", "references": [3]}, TypeError, "references"),
         ({"method": "ems", "draft_budget": "always"}, ValueError, "draft_budget"),
+        ({"max_batch": 0}, ValueError, "max_batch"),
+        ({"max_batch": 1.5}, TypeError, "max_batch"),
+        ({"max_batch": True}, TypeError, "max_batch"),
+        ({"method": "vanilla", "max_batch": 1, "prompts": ["a", "b"]}, ValueError, "max_batch"),
     ],
 )
 def test_generate_speculative_bad_input(tiny64, kwargs, exc, match):
     model, tok = tiny64
+    kwargs = dict(kwargs)
+    prompts = kwargs.pop("prompts", "the cat")
     with pytest.raises(exc, match=match):
-        generate(model, tok, "the cat", max_new_tokens=4, **kwargs)
+        generate(model, tok, prompts, max_new_tokens=4, **kwargs)
+
+
+# -- continuous batching (max_batch) ---------------------------------------------------------------
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), B=st.integers(1, 9), max_new=st.integers(1, 10), seed=st.integers(0, 2**31 - 1))
+def test_autoregressive_through_fewer_slots_gives_the_same_tokens(tiny64, data, B, max_new, seed):
+    model, tok = tiny64
+    rng = np.random.default_rng(seed)
+    ids = [[int(t) for t in rng.integers(0, 264, size=rng.integers(1, 10))] for _ in range(B)]
+    long = _ar(model, tok, ids, max_new)
+    pool = [t for out in long.tokens for t in out]
+    eos = (int(pool[rng.integers(0, len(pool))]),) if data.draw(st.booleans()) else ()
+    ref = _ar(model, tok, ids, max_new, eos) if eos else long
+    res = _ar(model, tok, ids, max_new, eos, max_batch=data.draw(st.integers(1, B)))
+    assert res.tokens == ref.tokens and res.finish_reasons == ref.finish_reasons
+
+
+class _Recorder:
+    """Wraps a model: records the sequences of every forward and the caches it is asked for."""
+
+    def __init__(self, model):
+        self.model, self.seqs, self.max_seqs = model, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def new_cache(self, *, max_seqs, capacity):
+        self.max_seqs.append(max_seqs)
+        return self.model.new_cache(max_seqs=max_seqs, capacity=capacity)
+
+    def forward(self, tokens, *, cache, seq_ids, **kw):
+        self.seqs.append(sorted(int(s) for s in seq_ids))
+        return self.model.forward(tokens, cache=cache, seq_ids=seq_ids, **kw)
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "ems"])
+def test_max_batch_bounds_the_cache_and_every_forward(tiny64, method):
+    model, tok = tiny64
+    ids = [tok.encode(t) for t in ["the cat", "a b c", "x", "the hat the hat", "y z", "q"]]
+    ref = _ar(model, tok, ids, 9)
+    rec = _Recorder(model)
+    if method == "ems":
+        perfect = PerfectDrafter(ids, ref.tokens, 0)
+        res = _run(rec, tok, ids, layout="ems", drafter=perfect, max_new=9, max_draft=3, max_batch=2)
+        assert res.stats["max_batch"] == 2
+    else:
+        res = _ar(rec, tok, ids, 9, max_batch=2)
+    assert res.tokens == ref.tokens
+    assert rec.max_seqs == [2]  # the cache holds two sequences, not six
+    assert max(len(s) for s in rec.seqs) <= 2 and all(s and max(s) < 2 for s in rec.seqs)
+    assert res.prefill_time > 0 and res.decode_time > 0
+
+
+def test_budget_maximises_the_rate_while_prompts_wait(tiny64):
+    """Continuous batching: every token is worth the same while prompts wait (rate objective,
+    ``remaining=None``); once none waits, the samples left are a static batch (makespan)."""
+    model, tok = tiny64
+
+    class Spy(DraftBudget):
+        calls: list = []
+
+        def allocate(self, alphas, lengths, **kw):
+            self.calls.append(kw.get("remaining") is None)
+            return super().allocate(alphas, lengths, **kw)
+
+    ids = [tok.encode(t) for t in ["the cat", "a b c", "x", "the hat the hat"]]
+    ref = _ar(model, tok, ids, 8)
+    spy = Spy(CostModel((1, 64), (1.0, 1.1)))
+    res = _run(
+        model, tok, ids, layout="ems", drafter=PerfectDrafter(ids, ref.tokens, 0), max_new=8, budget=spy,
+        max_batch=2,
+    )  # fmt: skip
+    assert res.tokens == ref.tokens
+    # rate first (two prompts wait), then makespan for the last two samples
+    assert spy.calls[0] and not spy.calls[-1] and spy.calls == sorted(spy.calls, reverse=True)
 
 
 # -- drafters -------------------------------------------------------------------------------------

@@ -12,4 +12,5 @@ AREAS = {
     "solvers": "benchmarks.solvers",
     "decoding": "benchmarks.decoding_engine",
     "speculative": "benchmarks.speculative",
+    "serving": "benchmarks.serving",
 }

@@ -18,7 +18,7 @@ with the LLMA drafter (match 2, copy 7) and the draft-model drafter (the target'
 30 layers, self-speculative, 2 draft steps): vanilla (padded), EMS-SD without the budget, and
 EMS-SD with the draft budget. Every speculative run must give the autoregressive tokens
 ("same" column). Batch sizes 1, 2 and 4 all decode the first 4 prompts (in 4, 2 and 1 batches), 8
-and 16 the first 8 and 16; rates are medians of 3 runs taken in rounds (autoregressive and the three
+and 16 the first 8 and 16; rates are medians of 5 runs taken in rounds (autoregressive and the three
 LLMA methods in turn, so that the machine's drift touches all alike), one run for the draft model.
 
 Speed is tokens per wall second of the decode phase, on an otherwise idle machine (the engine
@@ -177,7 +177,7 @@ def run(quick: bool = False) -> Report:
     model, tok = decoding.load_model()
     batches = [2, 4] if quick else [1, 2, 4, 8, 16]
     max_new = {"copy": 8, "chat": 6} if quick else {"copy": 32, "chat": 16}
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else 5
     work = build_workload(tok)
     t_cost = time.perf_counter()
     with blas_threads():

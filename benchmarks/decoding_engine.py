@@ -126,7 +126,7 @@ def run(quick: bool = False) -> Report:
 
     report = Report(
         "Decoding engine: SmolLM2-135M-Instruct (Q4_1 GGUF -> float32), NumPy; few-row products on "
-        f"{numba.get_num_threads()} numba threads, prefill GEMM on 1 BLAS thread"
+        f"{numba.get_num_threads()} numba threads (prefill in 256-row blocks)"
     )
     t0 = time.perf_counter()
     model, tok = load_model()

@@ -21,9 +21,9 @@ EMS-SD with the draft budget. Every speculative run must give the autoregressive
 and 16 the first 8 and 16; rates are medians of 5 runs taken in rounds (autoregressive and the three
 LLMA methods in turn, so that the machine's drift touches all alike), one run for the draft model.
 
-Speed is tokens per wall second of the decode phase, on an otherwise idle machine (the engine
-runs products of up to 256 rows on two numba threads and wider ones on one BLAS thread, so CPU
-time would weigh the two unequally). Tokens per CPU second is reported beside it. Speedup =
+Speed is tokens per wall second of the decode phase, on an otherwise idle machine (the engine's
+kernels run on two numba threads, and spin-waiting threads count as CPU time, so CPU time would
+not weigh the methods equally). Tokens per CPU second is reported beside it. Speedup =
 tokens/s over the autoregressive run with the same prompts.
 """
 
@@ -280,7 +280,7 @@ def run(quick: bool = False) -> Report:
         "tok/s wall: generated tokens (less the first, from the prefill) per wall second of the decode "
         "phase; speedup is its ratio to autoregressive at the same B (run on an otherwise idle machine). "
         "tok/s cpu: the same per CPU second, for information (the engine's kernels run on two threads, "
-        "BLAS prefill on one, so CPU time is not a fair common measure).",
+        "whose spin-waits count as CPU time, so CPU time is not a fair common measure).",
         "accepted: mean accepted draft tokens per sample per step (each step adds one more token); "
         "tok/fwd: tokens computed per verification forward, pads included; pad: the fraction of them "
         "that were pads.",

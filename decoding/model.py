@@ -98,10 +98,10 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     """Logits ``h @ w.T`` for ``h`` [N, d] and the output head ``w`` [V, d].
 
-    Up to ``kernels.FEW_ROWS`` rows: :func:`decoding.kernels.linear`. Otherwise (the kernel
-    switched off, or CuPy) up to 64 rows, OpenBLAS's GEMM would pack the whole 113 MB head for
-    the call, tripling its memory traffic; running it over row blocks of ``w`` that fit in cache
-    reads the head from memory once (about 2x faster).
+    NumPy with the kernel on: :func:`decoding.kernels.linear` (the few-row kernel, in row
+    blocks). Otherwise (the kernel switched off, or CuPy) up to 64 rows, GEMM would pack the
+    whole 113 MB head for the call, tripling its memory traffic; running it over row blocks of
+    ``w`` that fit in cache reads the head from memory once (about 2x faster).
     """
     N = h.shape[0]
     if N <= kernels.FEW_ROWS or N > 64:

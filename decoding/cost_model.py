@@ -38,7 +38,7 @@ __all__ = ["CostModel", "DraftBudget", "cost_cache_dir"]
 
 #: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
 #: that cost models measured on the old engine are not reused.
-COST_MODEL_VERSION = 5
+COST_MODEL_VERSION = 6  # 6: four weight rows from eight tokens on
 
 
 def cost_cache_dir() -> Path:

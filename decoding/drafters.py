@@ -2,8 +2,10 @@
 
 One small interface, :class:`Drafter`. The speculative loop calls
 
-- ``begin(prompts, references, sampling, rng)`` once per ``generate`` call (``prompts`` are the
-  prompt ids of every sample, ``references`` one token array per sample or None);
+- ``begin(prompts, references, sampling, rng, max_new_tokens, max_active)`` once per ``generate``
+  call (``prompts`` are the prompt ids of every sample, ``references`` one token array per sample
+  or None, ``max_active`` how many samples at most run at once: fewer than the prompts under
+  continuous batching);
 - ``propose(contexts, max_lens, samples)`` once per step: ``contexts[j]`` is the whole token
   history (prompt and generated tokens) of sample ``samples[j]``; the answer is one int array per
   sample of at most ``max_lens[j]`` draft tokens (possibly empty, lengths may differ);
@@ -34,7 +36,13 @@ class Drafter:
     name = "none"
 
     def begin(
-        self, prompts, references=None, sampling: SamplingParams | None = None, rng=None, max_new_tokens=512
+        self,
+        prompts,
+        references=None,
+        sampling: SamplingParams | None = None,
+        rng=None,
+        max_new_tokens=512,
+        max_active=None,
     ) -> None:
         self.proposal_probs = None
 
@@ -91,7 +99,9 @@ class LLMADrafter(Drafter):
             raise ValueError(f"copy_len must be >= 1, got {copy_len}")
         self.match_len, self.copy_len = int(match_len), int(copy_len)
 
-    def begin(self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512) -> None:
+    def begin(
+        self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
+    ) -> None:
         self.proposal_probs = None
         if references is None:
             references = prompts
@@ -137,7 +147,9 @@ class PromptLookupDrafter(LLMADrafter):
 
     name = "prompt_lookup"
 
-    def begin(self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512) -> None:
+    def begin(
+        self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
+    ) -> None:
         self.proposal_probs = None
         self._cursor = [0] * len(prompts)
 
@@ -176,29 +188,40 @@ class DraftModelDrafter(Drafter):
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.model, self.max_draft = model, int(max_draft)
 
-    def begin(self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512) -> None:
+    def begin(
+        self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
+    ) -> None:
         self.proposal_probs = None
         self._sampling = sampling or SamplingParams()
         self._rng = rng if rng is not None else np.random.default_rng(0)
         cap = max(len(p) for p in prompts) + int(max_new_tokens) + self.max_draft + 1
         self._capacity = cap
-        self._cache = self.model.new_cache(max_seqs=len(prompts), capacity=cap)
-        self._seq = [self._cache.allocate() for _ in prompts]
-        self._held: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in prompts]  # tokens in cache
+        # one cache region per sample in flight, taken at its first proposal, given back at its end
+        slots = len(prompts) if max_active is None else min(int(max_active), len(prompts))
+        self._cache = self.model.new_cache(max_seqs=max(slots, 1), capacity=cap)
+        self._seq: dict[int, int] = {}  # sample -> its cache region
+        self._held: dict[int, np.ndarray] = {}  # sample -> the tokens its region holds
+
+    def _region(self, sample: int) -> int:
+        if sample not in self._seq:
+            self._seq[sample] = self._cache.allocate()
+            self._held[sample] = np.zeros(0, dtype=np.int64)
+        return self._seq[sample]
 
     def pending(self, contexts, samples) -> np.ndarray:
         """Tokens each sample's draft cache lacks of its context (what a proposal must feed first)."""
         out = np.empty(len(contexts), dtype=np.int64)
         for j, (ctx, s) in enumerate(zip(contexts, samples, strict=True)):
-            held = self._held[s]
+            held = self._held.get(s, np.zeros(0, dtype=np.int64))
             m = min(held.size, len(ctx) - 1)
             neq = np.flatnonzero(held[:m] != np.asarray(ctx[:m]))
             out[j] = len(ctx) - (int(neq[0]) if neq.size else m)
         return out
 
     def end(self, sample: int) -> None:
-        self._cache.reset(self._seq[sample])
-        self._held[sample] = np.zeros(0, dtype=np.int64)
+        if sample in self._seq:
+            self._cache.release(self._seq.pop(sample))
+            del self._held[sample]
 
     def propose(self, contexts, max_lens, samples):
         n_out = len(contexts)
@@ -211,6 +234,7 @@ class DraftModelDrafter(Drafter):
         feeds = []
         for j in js:
             s, ctx = samples[j], np.asarray(contexts[j], dtype=np.int64)
+            self._region(s)
             held = self._held[s]
             m = min(held.size, ctx.size - 1)  # always feed at least the last context token
             neq = np.flatnonzero(held[:m] != ctx[:m])

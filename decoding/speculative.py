@@ -204,7 +204,9 @@ def speculative_generate(
     states = [StreamState(tokenizer, stop) for _ in range(B)]
     reasons = ["length"] * B
     prompts_np = [np.asarray(p, dtype=np.int64) for p in prompt_ids]
-    drafter.begin(prompts_np, references, sampling, rng, max_new_tokens=max_new_tokens)
+    drafter.begin(
+        prompts_np, references, sampling, rng, max_new_tokens=max_new_tokens, max_active=queue.slots
+    )
 
     if vanilla:  # left-pad every prompt to the longest; pads are written to the cache and masked
         t0 = time.perf_counter()

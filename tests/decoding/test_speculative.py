@@ -221,17 +221,34 @@ class _Recorder:
 
     def __init__(self, model):
         self.model, self.seqs, self.max_seqs = model, [], []
+        self._new_cache, self._forward = model.new_cache, model.forward
 
     def __getattr__(self, name):
         return getattr(self.model, name)
 
     def new_cache(self, *, max_seqs, capacity):
         self.max_seqs.append(max_seqs)
-        return self.model.new_cache(max_seqs=max_seqs, capacity=capacity)
+        return self._new_cache(max_seqs=max_seqs, capacity=capacity)
 
     def forward(self, tokens, *, cache, seq_ids, **kw):
         self.seqs.append(sorted(int(s) for s in seq_ids))
-        return self.model.forward(tokens, cache=cache, seq_ids=seq_ids, **kw)
+        return self._forward(tokens, cache=cache, seq_ids=seq_ids, **kw)
+
+
+def test_draft_model_cache_holds_only_the_samples_in_flight(tiny64, monkeypatch):
+    """Under continuous batching the draft model's cache has max_batch regions, not one per prompt."""
+    model, tok = tiny64
+    ids = [tok.encode(t) for t in ["the cat", "a b c", "x", "the hat the hat", "y z", "q"]]
+    ref = _ar(model, tok, ids, 9)
+    small = model.truncated(1)
+    rec = _Recorder(small)
+    monkeypatch.setattr(small, "new_cache", rec.new_cache)  # record the drafter's calls
+    monkeypatch.setattr(small, "forward", rec.forward)
+    d = DraftModelDrafter(small, max_draft=3)
+    res = _run(model, tok, ids, layout="ems", drafter=d, max_new=9, max_draft=3, max_batch=2)
+    assert res.tokens == ref.tokens
+    assert rec.max_seqs == [2] and all(s and max(s) < 2 for s in rec.seqs)
+    assert d._seq == {}  # every region given back
 
 
 @pytest.mark.parametrize("method", ["autoregressive", "ems"])
@@ -407,8 +424,8 @@ class GreedyTargetDrafter(DraftModelDrafter):
 
     name = "greedy_target"
 
-    def begin(self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512):
-        super().begin(prompts, references, GREEDY, rng, max_new_tokens)
+    def begin(self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None):
+        super().begin(prompts, references, GREEDY, rng, max_new_tokens, max_active)
 
 
 SAMPLING_CASES = [

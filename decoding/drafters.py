@@ -160,7 +160,9 @@ class PromptLookupDrafter(LLMADrafter):
 class DraftModelDrafter(Drafter):
     """A second (smaller) model drafts greedily, or by sampling when the target samples, for k steps.
 
-    It keeps its own unpadded :class:`~decoding.kv_cache.KVCache`, one region per sample. Each
+    It keeps its own unpadded :class:`~decoding.kv_cache.KVCache`, one region per sample in
+    flight (``max_active`` regions; a sample takes one at its first proposal and gives it back at
+    its end, so continuous batching over many prompts needs no more). Each
     ``propose`` first truncates every sample's draft cache to the longest common prefix of what
     it holds and the new context (this is the rollback of rejected drafts), then feeds the
     missing context tokens of all drafting samples in one packed forward, then one token per

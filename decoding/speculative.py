@@ -275,7 +275,9 @@ def speculative_generate(
         A = len(active)
         left = np.array([max_new_tokens - len(out[i]) for i in active], dtype=np.int64)
         room = np.minimum(k, left - 1)
-        alphas = budget.alphas(acc_n[active], rej_n[active]) if budget is not None else None
+        # pooled over every sample of the call, finished ones included: the prior of a sample with
+        # little history (a newcomer under continuous batching) is the task's rate so far
+        alphas = budget.alphas(acc_n, rej_n)[active] if budget is not None else None
         horizon = None if queue else left  # prompts waiting: this step's rate (see max_batch)
         contexts = [np.concatenate([prompts_np[i], np.asarray(out[i], dtype=np.int64)]) for i in active]
         if budget is not None and budget.draft_cost is not None:  # plan before drafting: it costs

@@ -141,18 +141,27 @@ class SlotQueue:
     def __bool__(self) -> bool:
         return bool(self.waiting)
 
-    def admit(self, model, cache, seq: np.ndarray, prompt_ids) -> tuple[list[int], object]:
-        """Give free cache regions to waiting prompts and prefill them; ``(admitted, logits [n, V])``."""
+    def take(self, cache, seq: np.ndarray) -> list[int]:
+        """Waiting prompts for the free cache regions (each region's id written to ``seq``)."""
         free = int((~cache.in_use).sum())
         new = [self.waiting.pop() for _ in range(min(free, len(self.waiting)))]
-        if not new:
-            return new, None
         for i in new:
             seq[i] = cache.allocate()
+        return new
+
+    def record(self, seconds: float) -> None:
+        """Count one prefill forward (or one packed group of them) of ``seconds``."""
+        self.prefill_time += seconds
+        self.prefill_forwards += 1
+
+    def admit(self, model, cache, seq: np.ndarray, prompt_ids) -> tuple[list[int], object]:
+        """Give free cache regions to waiting prompts and prefill them; ``(admitted, logits [n, V])``."""
+        new = self.take(cache, seq)
+        if not new:
+            return new, None
         t0 = time.perf_counter()
         logits = prefill(model, cache, seq[new], [prompt_ids[i] for i in new])
-        self.prefill_time += time.perf_counter() - t0
-        self.prefill_forwards += 1
+        self.record(time.perf_counter() - t0)
         return new, logits
 
 
@@ -221,7 +230,6 @@ def autoregressive_generate(
                 cu_seqlens=np.arange(len(still) + 1),
                 logits="last",
             )
-        if still:
             step_times.append(time.perf_counter() - t_step)
         elif step_times:  # this pass only emitted: part of the step before
             step_times[-1] += time.perf_counter() - t_step

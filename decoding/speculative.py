@@ -210,8 +210,7 @@ def speculative_generate(
 
     if vanilla:  # left-pad every prompt to the longest; pads are written to the cache and masked
         t0 = time.perf_counter()
-        seq[:] = [cache.allocate() for _ in range(B)]
-        queue.waiting.clear()
+        admitted = queue.take(cache, seq)  # every prompt (max_batch is not below B here)
         pads = P - lens
         toks = np.concatenate(
             [np.concatenate([np.full(n, PAD_ID), p]) for n, p in zip(pads, prompts_np, strict=True)]
@@ -225,9 +224,7 @@ def speculative_generate(
             toks, cache=cache, seq_ids=seq, cu_seqlens=np.arange(B + 1) * P, positions=pos,
             logits="last", key_valid=key_valid,
         )  # fmt: skip
-        queue.prefill_time = time.perf_counter() - t0
-        queue.prefill_forwards = 1
-        admitted = list(range(B))
+        queue.record(time.perf_counter() - t0)
     else:
         admitted, logits = queue.admit(model, cache, seq, prompt_ids)  # [slots, V]
     prefill_time = queue.prefill_time

@@ -207,12 +207,8 @@ def generate(
                 f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} that exceeds "
                 f"the model's context of {ctx} tokens"
             )
-    max_batch = check_max_batch(max_batch)
-    if method == "vanilla" and max_batch is not None and max_batch < len(ids):
-        raise ValueError(
-            f"max_batch={max_batch} < {len(ids)} prompts needs method 'ems' or 'autoregressive': the "
-            "padded (vanilla) layout keeps every sample's cache aligned from the first prefill on"
-        )
+    # before the drafter and the cost model are set up (measuring a cost curve takes a while)
+    max_batch = check_max_batch(max_batch, n_prompts=len(ids), padded=method == "vanilla")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     eos = [e for e in (tokenizer.eos_id, getattr(tokenizer, "eot_id", None)) if e is not None]
     if method not in ("autoregressive", "ems", "vanilla"):

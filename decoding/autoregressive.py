@@ -165,14 +165,19 @@ class SlotQueue:
         return new, logits
 
 
-def check_max_batch(max_batch) -> int | None:
-    """Validate ``max_batch`` (None, or an integer >= 1)."""
+def check_max_batch(max_batch, *, n_prompts: int | None = None, padded: bool = False) -> int | None:
+    """Validate ``max_batch`` (None, or an integer >= 1); a padded layout needs every prompt at once."""
     if max_batch is None:
         return None
     if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)):
         raise TypeError(f"max_batch must be an integer or None, got {type(max_batch).__name__}")
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1 (or None: every prompt at once), got {max_batch}")
+    if padded and n_prompts is not None and max_batch < n_prompts:
+        raise ValueError(
+            f"max_batch={max_batch} < {n_prompts} prompts needs method 'ems' or 'autoregressive': the "
+            "padded (vanilla) layout keeps every sample's cache aligned from the first prefill on"
+        )
     return int(max_batch)
 
 

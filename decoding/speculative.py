@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from .autoregressive import SlotQueue, StreamState, emit_tokens
+from .autoregressive import SlotQueue, StreamState, check_max_batch, emit_tokens
 from .cost_model import CostModel, DraftBudget
 from .drafters import Drafter, DraftModelDrafter, make_drafter
 from .results import GenerationResult
@@ -185,12 +185,7 @@ def speculative_generate(
     vanilla = layout == "vanilla"
     verify = verifier or (verify_greedy if sampling.greedy else verify_sampling)
     B = len(prompt_ids)
-    queue = SlotQueue(B, max_batch)
-    if vanilla and queue.slots < B:
-        raise ValueError(
-            f"max_batch={max_batch} < {B} prompts needs the unpadded layout: the padded one keeps "
-            "every sample's cache aligned from the first prefill on; use layout 'ems'"
-        )
+    queue = SlotQueue(B, check_max_batch(max_batch, n_prompts=B, padded=vanilla))
     lens = np.array([len(p) for p in prompt_ids], dtype=np.int64)
     P = int(lens.max())
     k = int(max_draft)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._threads import blas_threads
 from .autoregressive import autoregressive_generate, check_max_batch
-from .gguf import read_gguf
+from .gguf_reader import read_gguf
 from .model import Model
 from .results import GenerationResult
 from .sampling import SamplingParams

@@ -27,7 +27,7 @@ from . import kernels
 from ._xp import namespace
 from .attention import AttentionPlan, attend
 from .config import LlamaConfig
-from .gguf import GGUFFile, read_gguf
+from .gguf_reader import GGUFFile, read_gguf
 from .kernels import linear, rms_norm
 from .kv_cache import KVCache
 

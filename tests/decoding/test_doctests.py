@@ -9,7 +9,7 @@ import pytest
 
 @pytest.mark.parametrize(
     "module",
-    ["__init__", "config", "kv_cache", "attention", "sampling", "results", "model", "gguf", "tokenizer"]
+    ["__init__", "config", "kv_cache", "attention", "sampling", "results", "model", "gguf_reader", "tokenizer"]
     + ["api", "kernels"],
 )
 def test_docstring_examples(module):

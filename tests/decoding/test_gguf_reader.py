@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoding import LlamaConfig, Model, Tokenizer
-from decoding.gguf import dequantize, read_gguf
+from decoding.gguf_reader import dequantize, read_gguf
 
 from .tiny_llama import write_tiny_llama
 

@@ -17,7 +17,7 @@ import rsketch
 from benchmarks._harness import Report, Target
 
 # The module, not the function of the same name that rsketch.stats exports.
-eff_mod = importlib.import_module("rsketch.stats.efficiency")
+eff_mod = importlib.import_module("rsketch.stats._efficiency")
 
 KINDS = ("srht", "countsketch", "sparse_sign", "uniform", "leverage", "gaussian")
 TARGET_S = {"gaussian": 30.0}

@@ -7,6 +7,7 @@ measures, bounds and scikit-learn estimators are added by their own modules.
 from rsketch.linalg import ConvergenceWarning, LstsqResult, lstsq
 from rsketch.operators import (
     SKETCH_KINDS,
+    SRDCT,
     SRHT,
     AdjointSketch,
     CountSketch,
@@ -44,6 +45,7 @@ __all__ = [
     "LeverageSampling",
     "LstsqResult",
     "SKETCH_KINDS",
+    "SRDCT",
     "SRHT",
     "SketchBounds",
     "SketchOperator",

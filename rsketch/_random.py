@@ -17,9 +17,10 @@ row hashes, Gaussian entries, ...). The functions here are written against an ar
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
+
+from rsketch._validation import check_seed, seed_sequence
 
 # Philox4x32 constants (Random123).
 PHILOX_M0 = 0xD2511F53
@@ -219,21 +220,11 @@ def key_from_seed(seed) -> tuple[int, int]:
     >>> key_from_seed(0) == key_from_seed(np.random.SeedSequence(0))
     True
     """
-    if seed is None:
-        words = np.random.SeedSequence().generate_state(2, dtype=np.uint32)
-    elif isinstance(seed, np.random.SeedSequence):
-        words = seed.generate_state(2, dtype=np.uint32)
-    elif isinstance(seed, np.random.Generator):
+    seed = check_seed(seed)
+    if isinstance(seed, np.random.Generator):
         words = seed.integers(0, 2**32, size=2, dtype=np.uint64)
-    elif isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-        if seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed}")
-        words = np.random.SeedSequence(int(seed)).generate_state(2, dtype=np.uint32)
     else:
-        raise TypeError(
-            f"seed must be None, a non-negative int, a numpy.random.SeedSequence or a "
-            f"numpy.random.Generator; got {type(seed).__name__}"
-        )
+        words = seed_sequence(seed).generate_state(2, dtype=np.uint32)
     return int(words[0]), int(words[1])
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+import threading
 
 import numpy as np
 import scipy.sparse as sp
+from threadpoolctl import ThreadpoolController
 
 _SPARSE_OK = ("csr", "csc", "coo")
 
@@ -72,24 +75,28 @@ def _float_dtype_for_namespace(A, name: str) -> np.dtype:
     raise TypeError(f"{name} must be a numeric (real) array; got dtype {A.dtype}")
 
 
-def check_operand(A, n_rows: int | None, name: str = "A", *, check_finite_values: bool = True):
+def check_operand(
+    A, rows: int | None, name: str = "A", *, check_finite_values: bool = True, rows_label: str | None = None
+):
     """Validate the right-hand operand of ``S @ A``.
 
     Returns ``(A2, is_vector)`` where ``A2`` is a 2-D float32/float64 NumPy array or a CSR/CSC
-    matrix with ``n_rows`` rows (any number if None); a vector becomes one column and integer
+    matrix with ``rows`` rows (any number if None); a vector becomes one column and integer
     input becomes float64. Arrays of other namespaces (CuPy, ...) are checked the same way and
     returned in their own namespace. NaN/inf raise ``ValueError`` unless
     ``check_finite_values=False``, which skips that full pass over A for callers that check
-    their (small) output instead (see ``SketchOperator.__matmul__``).
+    their (small) output instead (see ``SketchOperator.__matmul__``). ``rows_label`` says where
+    the row count comes from in the message (e.g. ``"the sketch's input_dim"``).
     """
+    why = f" ({rows_label})" if rows_label else ""
     if sp.issparse(A):
         if A.format not in _SPARSE_OK:
             A = A.tocsr()
         if A.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got a sparse array with {A.ndim} dimensions")
         dt = _float_dtype_for(A.dtype, name)
-        if n_rows is not None and A.shape[0] != n_rows:
-            raise ValueError(f"{name} must have {n_rows} rows (the sketch's n_rows), got shape {A.shape}")
+        if rows is not None and A.shape[0] != rows:
+            raise ValueError(f"{name} must have {rows} rows{why}, got shape {A.shape}")
         if A.shape[1] == 0 or A.shape[0] == 0:
             raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
         A = A.tocsr() if A.format == "coo" else A
@@ -108,8 +115,8 @@ def check_operand(A, n_rows: int | None, name: str = "A", *, check_finite_values
         dt = _float_dtype_for_namespace(A, name)
     if A.ndim not in (1, 2):
         raise ValueError(f"{name} must be 1-D or 2-D, got {A.ndim} dimensions (shape {A.shape})")
-    if n_rows is not None and A.shape[0] != n_rows:
-        raise ValueError(f"{name} must have {n_rows} rows (the sketch's n_rows), got shape {A.shape}")
+    if rows is not None and A.shape[0] != rows:
+        raise ValueError(f"{name} must have {rows} rows{why}, got shape {A.shape}")
     if 0 in A.shape:
         raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
     is_vector = A.ndim == 1
@@ -134,3 +141,117 @@ def check_option(value, name: str, allowed) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
     return value
+
+
+# ------------------------------------------------------------------------------------ named options
+# The sketch families by kind name (rsketch.operators.factory maps each to its class).
+SKETCH_KIND_NAMES = ("gaussian", "srht", "srdct", "countsketch", "sparse_sign", "leverage", "uniform")
+# rsketch.lstsq's solvers and rsketch.efficiency's ways of taking the noise expectation.
+LSTSQ_METHODS = ("sketch_and_solve", "precondition", "ihs")
+EFFICIENCY_METHODS = ("closed_form", "simulate")
+
+
+def check_sketch_kind(kind, name: str = "kind") -> str:
+    """A sketch family's name, one of :data:`SKETCH_KIND_NAMES`.
+
+    Examples
+    --------
+    >>> check_sketch_kind("srht")
+    'srht'
+    >>> check_sketch_kind("hadamard", "sketch")
+    Traceback (most recent call last):
+    ...
+    ValueError: sketch must be one of ['countsketch', 'gaussian', ...], got 'hadamard'
+    """
+    return check_option(kind, name, SKETCH_KIND_NAMES)
+
+
+def check_seed(seed, name: str = "seed"):
+    """Check a seed: None, a non-negative int, a ``SeedSequence`` or a ``Generator``; returned as given.
+
+    The one seed check of both packages (rsketch's operators and statistics, decoding's sampling).
+
+    Examples
+    --------
+    >>> check_seed(3)
+    3
+    >>> check_seed(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: seed must be a non-negative integer, got -1
+    >>> check_seed("abc")
+    Traceback (most recent call last):
+    ...
+    TypeError: seed must be None, a non-negative int, ... or a numpy.random.Generator; got str 'abc'
+    """
+    if seed is None or isinstance(seed, (np.random.SeedSequence, np.random.Generator)):
+        return seed
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        if seed < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {seed}")
+        return int(seed)
+    raise TypeError(
+        f"{name} must be None, a non-negative int, a numpy.random.SeedSequence or a "
+        f"numpy.random.Generator; got {type(seed).__name__} {seed!r}"
+    )
+
+
+def seed_sequence(seed, name: str = "seed") -> np.random.SeedSequence:
+    """A fresh ``SeedSequence`` from a checked seed, leaving the caller's object as it was.
+
+    An int or a ``SeedSequence`` gives the same sequence in every process and on every machine;
+    a ``Generator`` gives one drawn from it (advancing it); ``None`` draws fresh OS entropy.
+
+    Examples
+    --------
+    >>> seed_sequence(0).entropy == seed_sequence(np.random.SeedSequence(0)).entropy
+    True
+    """
+    seed = check_seed(seed, name)
+    if isinstance(seed, np.random.SeedSequence):
+        # A copy: spawning from the caller's object would change what it spawns next.
+        return np.random.SeedSequence(seed.entropy, spawn_key=seed.spawn_key, pool_size=seed.pool_size)
+    if isinstance(seed, np.random.Generator):
+        return np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    return np.random.SeedSequence(seed)
+
+
+# ------------------------------------------------------------------------------------ BLAS threads
+_BLAS_LOCK = threading.Lock()
+_BLAS_STATE = {"controller": None, "users": 0, "limiter": None}
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """A context in which BLAS runs on one thread; the one such helper of the package.
+
+    Used around small dense factorisations (threaded LAPACK on a ``2000 x 100`` matrix costs more
+    in synchronisation than it saves) and around BLAS calls that run inside rsketch's own thread
+    pools. Entries from several Python threads share one limit: the first to enter sets it, the
+    last to leave restores the count it found, so overlapping calls never leave BLAS at one thread.
+    The controller is built once (building it scans the loaded libraries).
+
+    Examples
+    --------
+    >>> from threadpoolctl import threadpool_info
+    >>> before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    >>> with one_blas_thread():
+    ...     inside = {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    >>> inside == {1}, [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+    (True, True)
+    """
+    with _BLAS_LOCK:
+        state = _BLAS_STATE
+        if state["users"] == 0:
+            if state["controller"] is None:
+                state["controller"] = ThreadpoolController()
+            state["limiter"] = state["controller"].limit(limits=1, user_api="blas")
+        state["users"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            state["users"] -= 1
+            if state["users"] == 0:
+                state["limiter"].restore_original_limits()
+                state["limiter"] = None

@@ -9,9 +9,9 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
-from rsketch._validation import check_int, check_option
-from rsketch.linalg.lstsq import METHODS, default_sketch_size, lstsq
-from rsketch.operators import SKETCH_KINDS, SketchOperator
+from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
+from rsketch.linalg import default_sketch_size, lstsq
+from rsketch.operators import SketchOperator
 
 
 class _SketchedLinearModel(RegressorMixin, BaseEstimator):
@@ -26,9 +26,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
                 "sketch must be a kind name for an estimator (it is drawn in fit, for the data "
                 "seen there); pass sketch_size and random_state to control it"
             )
-        if not isinstance(self.sketch, str) or self.sketch not in SKETCH_KINDS:
-            raise ValueError(f"sketch must be one of {sorted(SKETCH_KINDS)}, got {self.sketch!r}")
-        check_option(self.method, "method", METHODS)
+        check_sketch_kind(self.sketch, "sketch")
+        check_option(self.method, "method", LSTSQ_METHODS)
         if self.sketch_size is not None:
             check_int(self.sketch_size, "sketch_size", minimum=1)
         if not isinstance(self.fit_intercept, (bool, np.bool_)):

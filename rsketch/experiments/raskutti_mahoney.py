@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from rsketch.experiments.designs import leverage_scores, make_design
 from rsketch.stats import bounds, efficiency
-from rsketch.stats.bounds import DERIVED, PAPER, PAPER_SHAPE
+from rsketch.stats._bounds import DERIVED, PAPER, PAPER_SHAPE
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Family:
 
 FAMILIES = (
     Family("gaussian", "gaussian", {}),
-    Family("srht", "srht", {"transform": "hadamard"}),
+    Family("srht", "srht", {}),
     Family("countsketch", "countsketch", {}, in_paper=False),
     Family("uniform", "uniform", {"replace": True}),
     Family("leverage", "leverage", {"uniform_mix": 0.0}),

@@ -1,6 +1,7 @@
 """Sketched least squares: :func:`lstsq` (sketch-and-solve, sketch-and-precondition, IHS)."""
 
-from rsketch.linalg.lstsq import METHODS, default_sketch_size, lstsq
-from rsketch.linalg.results import ConvergenceWarning, LstsqResult, SolverLog
+from rsketch.linalg._common import default_sketch_size
+from rsketch.linalg._lstsq import lstsq
+from rsketch.linalg._results import ConvergenceWarning, LstsqResult, SolverLog
 
-__all__ = ["METHODS", "ConvergenceWarning", "LstsqResult", "SolverLog", "default_sketch_size", "lstsq"]
+__all__ = ["ConvergenceWarning", "LstsqResult", "SolverLog", "default_sketch_size", "lstsq"]

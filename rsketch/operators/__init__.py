@@ -5,7 +5,7 @@ from rsketch.operators.factory import SKETCH_KINDS, make_sketch
 from rsketch.operators.gaussian import GaussianSketch
 from rsketch.operators.sampling import LeverageSampling, UniformSampling
 from rsketch.operators.sparse import CountSketch, SparseSign
-from rsketch.operators.srht import SRHT
+from rsketch.operators.srht import SRDCT, SRHT
 
 __all__ = [
     "AdjointSketch",
@@ -13,6 +13,7 @@ __all__ = [
     "GaussianSketch",
     "LeverageSampling",
     "SKETCH_KINDS",
+    "SRDCT",
     "SRHT",
     "SketchOperator",
     "SparseSign",

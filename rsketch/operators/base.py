@@ -11,6 +11,8 @@ calls this the isometry scale); no caller ever rescales.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
@@ -24,7 +26,7 @@ _BLOCK_ENTRIES = 1 << 22
 
 
 class SketchOperator:
-    """A random linear map ``S`` of shape ``(sketch_size, n_rows)`` with ``E[S.T @ S] = I``.
+    """A random linear map ``S`` of shape ``(sketch_size, input_dim)`` with ``E[S.T @ S] = I``.
 
     Subclasses describe one distribution each. They implement ``_reference_columns`` (dense
     columns from the array-namespace Philox, the portable path) and may override
@@ -32,8 +34,9 @@ class SketchOperator:
 
     Parameters
     ----------
-    n_rows : int
-        Number of rows of the matrices the sketch is applied to (columns of ``S``).
+    input_dim : int
+        The length ``n`` of the vectors ``S`` acts on: the number of rows of every ``A`` in
+        ``S @ A``, and the number of columns of ``S`` (``S.shape[1]``).
     sketch_size : int
         Number of rows of ``S`` (``r`` in the papers).
     seed : None, int, numpy.random.SeedSequence or numpy.random.Generator
@@ -56,19 +59,19 @@ class SketchOperator:
 
     kind: str = "abstract"
 
-    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64):
-        self.n_rows = check_int(n_rows, "n_rows", minimum=1)
+    def __init__(self, input_dim, sketch_size, *, seed=None, dtype=np.float64):
+        self.input_dim = check_int(input_dim, "input_dim", minimum=1)
         self.sketch_size = check_int(sketch_size, "sketch_size", minimum=1)
-        if not self._allows_oversize and self.sketch_size > self.n_rows:
+        if not self._allows_oversize and self.sketch_size > self.input_dim:
             raise ValueError(
-                f"sketch_size must be <= n_rows for {type(self).__name__} (it selects distinct rows); "
-                f"got sketch_size={self.sketch_size}, n_rows={self.n_rows}"
+                f"sketch_size must be <= input_dim for {type(self).__name__} (it selects distinct rows); "
+                f"got sketch_size={self.sketch_size}, input_dim={self.input_dim}"
             )
         self.dtype = check_float_dtype(dtype)
         self.seed = seed
         self.key = key_from_seed(seed)
 
-    # Whether sketch_size may exceed n_rows (projections and sampling with replacement may).
+    # Whether sketch_size may exceed input_dim (projections and sampling with replacement may).
     _allows_oversize = True
     # Whether every entry of A reaches the output with a nonzero coefficient, so that a NaN/inf
     # in A always shows in S @ A: then the (full-pass) input scan is replaced by a scan of the
@@ -78,9 +81,20 @@ class SketchOperator:
 
     # ----------------------------------------------------------------------------- description
     @property
+    def n_rows(self) -> int:
+        """Deprecated alias of :attr:`input_dim` (``S.shape[1]``, not the operator's row count)."""
+        warnings.warn(
+            "SketchOperator.n_rows is deprecated and will be removed: it is S.shape[1], the length of the "
+            "vectors S acts on; use S.input_dim (and S.sketch_size for the operator's rows)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.input_dim
+
+    @property
     def shape(self) -> tuple[int, int]:
-        """``(sketch_size, n_rows)``."""
-        return (self.sketch_size, self.n_rows)
+        """``(sketch_size, input_dim)``."""
+        return (self.sketch_size, self.input_dim)
 
     ndim = 2
 
@@ -90,7 +104,7 @@ class SketchOperator:
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self._options().items())
         return (
-            f"{type(self).__name__}(n_rows={self.n_rows}, sketch_size={self.sketch_size}, "
+            f"{type(self).__name__}(input_dim={self.input_dim}, sketch_size={self.sketch_size}, "
             f"key=({self.key[0]:#010x}, {self.key[1]:#010x}){opts}, dtype={self.dtype.name})"
         )
 
@@ -104,7 +118,7 @@ class SketchOperator:
         --------
         >>> import rsketch
         >>> S = rsketch.CountSketch(100, 10, seed=1)
-        >>> (S.columns(20, 30) == S.to_dense()[:, 20:30]).all()
+        >>> bool((S.columns(20, 30) == S.to_dense()[:, 20:30]).all())
         True
         """
         start, stop = self._check_range(start, stop)
@@ -117,8 +131,8 @@ class SketchOperator:
         return self._reference_columns(start, stop, xp)
 
     def to_dense(self) -> np.ndarray:
-        """Materialise ``S`` as a dense ``(sketch_size, n_rows)`` array (for tests and small problems)."""
-        return self.columns(0, self.n_rows)
+        """Materialise ``S`` as a dense ``(sketch_size, input_dim)`` array (for tests and small problems)."""
+        return self.columns(0, self.input_dim)
 
     def __getitem__(self, index):
         if (
@@ -128,13 +142,13 @@ class SketchOperator:
             and isinstance(index[1], slice)
             and index[1].step in (None, 1)
         ):
-            start, stop, _ = index[1].indices(self.n_rows)
+            start, stop, _ = index[1].indices(self.input_dim)
             return self.columns(start, max(start, stop))
         raise IndexError("a sketch operator supports only column blocks S[:, a:b]")
 
     def _check_range(self, start, stop):
-        start = check_int(start, "start", minimum=0, maximum=self.n_rows)
-        stop = check_int(stop, "stop", minimum=start, maximum=self.n_rows)
+        start = check_int(start, "start", minimum=0, maximum=self.input_dim)
+        stop = check_int(stop, "stop", minimum=start, maximum=self.input_dim)
         return start, stop
 
     def _fast_columns(self, start, stop):
@@ -148,7 +162,13 @@ class SketchOperator:
 
     # ----------------------------------------------------------------------------- products
     def __matmul__(self, A):
-        A, is_vector = check_operand(A, self.n_rows, "A", check_finite_values=not self._nonfinite_propagates)
+        A, is_vector = check_operand(
+            A,
+            self.input_dim,
+            "A",
+            check_finite_values=not self._nonfinite_propagates,
+            rows_label="the sketch's input_dim",
+        )
         with np.errstate(invalid="ignore", over="ignore"):  # a non-finite output is checked below
             if sp.issparse(A):
                 out = self._apply_sparse(A)
@@ -168,16 +188,16 @@ class SketchOperator:
         xp = array_namespace(A)
         out = xp.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
         bs = self._block_size()
-        for a in range(0, self.n_rows, bs):
-            b = min(self.n_rows, a + bs)
+        for a in range(0, self.input_dim, bs):
+            b = min(self.input_dim, a + bs)
             out = out + xp.astype(self._reference_columns(a, b, xp), A.dtype) @ A[a:b, :]
         return out
 
     def _apply_numpy(self, A):
         out = np.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
         bs = self._block_size()
-        for a in range(0, self.n_rows, bs):
-            b = min(self.n_rows, a + bs)
+        for a in range(0, self.input_dim, bs):
+            b = min(self.input_dim, a + bs)
             out += self._fast_columns(a, b).astype(A.dtype, copy=False) @ A[a:b]
         return out
 
@@ -188,8 +208,8 @@ class SketchOperator:
         A = A.tocsr()
         out = np.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
         bs = self._block_size()
-        for a in range(0, self.n_rows, bs):
-            b = min(self.n_rows, a + bs)
+        for a in range(0, self.input_dim, bs):
+            b = min(self.input_dim, a + bs)
             block = np.asarray(columns(a, b), dtype=A.dtype)
             out += (A[a:b].T @ block.T).T
         return out
@@ -197,11 +217,11 @@ class SketchOperator:
     # ----------------------------------------------------------------------------- adjoint
     @property
     def T(self) -> AdjointSketch:
-        """The adjoint ``S.T`` (shape ``(n_rows, sketch_size)``), applied without forming ``S``."""
+        """The adjoint ``S.T`` (shape ``(input_dim, sketch_size)``), applied without forming ``S``."""
         return AdjointSketch(self)
 
     def _adjoint(self, Z):
-        Z, is_vector = check_operand(Z, self.sketch_size, "Z")
+        Z, is_vector = check_operand(Z, self.sketch_size, "Z", rows_label="the sketch's sketch_size")
         if sp.issparse(Z):
             Z = Z.toarray()
         if isinstance(Z, np.ndarray):
@@ -215,16 +235,16 @@ class SketchOperator:
         xp = array_namespace(Z)
         bs = self._block_size()
         parts = [
-            xp.astype(self._reference_columns(a, min(self.n_rows, a + bs), xp), Z.dtype).T @ Z
-            for a in range(0, self.n_rows, bs)
+            xp.astype(self._reference_columns(a, min(self.input_dim, a + bs), xp), Z.dtype).T @ Z
+            for a in range(0, self.input_dim, bs)
         ]
         return xp.concat(parts, axis=0)
 
     def _adjoint_numpy(self, Z):
-        out = np.empty((self.n_rows, Z.shape[1]), dtype=Z.dtype)
+        out = np.empty((self.input_dim, Z.shape[1]), dtype=Z.dtype)
         bs = self._block_size()
-        for a in range(0, self.n_rows, bs):
-            b = min(self.n_rows, a + bs)
+        for a in range(0, self.input_dim, bs):
+            b = min(self.input_dim, a + bs)
             out[a:b] = self._fast_columns(a, b).astype(Z.dtype, copy=False).T @ Z
         return out
 
@@ -256,7 +276,7 @@ class AdjointSketch:
     >>> import numpy as np, rsketch
     >>> S = rsketch.SparseSign(200, 20, seed=3)
     >>> x, z = np.ones(200), np.arange(20.0)
-    >>> np.isclose((S @ x) @ z, x @ (S.T @ z))
+    >>> bool(np.isclose((S @ x) @ z, x @ (S.T @ z)))
     True
     """
 
@@ -265,7 +285,7 @@ class AdjointSketch:
 
     @property
     def shape(self):
-        return (self.operator.n_rows, self.operator.sketch_size)
+        return (self.operator.input_dim, self.operator.sketch_size)
 
     ndim = 2
 

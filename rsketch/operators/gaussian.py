@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from rsketch._random import STREAM_GAUSS, ZIG_X, ziggurat_columns
+from rsketch._validation import one_blas_thread
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
 
@@ -28,7 +28,7 @@ class GaussianSketch(SketchOperator):
 
     Parameters
     ----------
-    n_rows, sketch_size, seed, dtype
+    input_dim, sketch_size, seed, dtype
         See :class:`rsketch.SketchOperator`.
 
     Examples
@@ -36,7 +36,7 @@ class GaussianSketch(SketchOperator):
     >>> import numpy as np, rsketch
     >>> S = rsketch.GaussianSketch(4000, 400, seed=0)
     >>> x = np.ones(4000) / np.sqrt(4000)
-    >>> 0.8 < np.linalg.norm(S @ x) < 1.2
+    >>> bool(0.8 < np.linalg.norm(S @ x) < 1.2)
     True
     """
 
@@ -51,7 +51,7 @@ class GaussianSketch(SketchOperator):
         return G  # G[j - start, i] = unscaled S[i, j]
 
     def fill_transposed(self, out: np.ndarray) -> np.ndarray:
-        """Write ``S.T`` (shape ``(n_rows, sketch_size)``, row-major) into ``out`` and return it.
+        """Write ``S.T`` (shape ``(input_dim, sketch_size)``, row-major) into ``out`` and return it.
 
         For callers that reuse one dense copy of many Gaussian sketches of the same shape (e.g.
         :func:`rsketch.efficiency`): no allocation, and ``out.T`` is ``S`` for BLAS products.
@@ -64,16 +64,16 @@ class GaussianSketch(SketchOperator):
         True
         """
         if (
-            out.shape != (self.n_rows, self.sketch_size)
+            out.shape != (self.input_dim, self.sketch_size)
             or out.dtype != np.float64
             or not out.flags.c_contiguous
         ):
             raise ValueError(
-                f"out must be a C-contiguous float64 array of shape {(self.n_rows, self.sketch_size)}, "
+                f"out must be a C-contiguous float64 array of shape {(self.input_dim, self.sketch_size)}, "
                 f"got {out.dtype} {out.shape}"
             )
         cpu.gaussian_columns(
-            self.key[0], self.key[1], 0, self.n_rows, self.sketch_size, STREAM_GAUSS, out, ZIG_X
+            self.key[0], self.key[1], 0, self.input_dim, self.sketch_size, STREAM_GAUSS, out, ZIG_X
         )
         out *= 1.0 / math.sqrt(self.sketch_size)
         return out
@@ -88,7 +88,7 @@ class GaussianSketch(SketchOperator):
         return G.T * (1.0 / math.sqrt(self.sketch_size))
 
     def _apply_numpy(self, A):
-        n, r, k = self.n_rows, self.sketch_size, A.shape[1]
+        n, r, k = self.input_dim, self.sketch_size, A.shape[1]
         bs = self._block_size()
         starts = list(range(0, n, bs))
         n_workers = max(1, min(numba.get_num_threads(), len(starts)))
@@ -109,7 +109,7 @@ class GaussianSketch(SketchOperator):
         if len(starts) == 1:  # one block: nothing to overlap, skip the pool set-up
             parts = [work(0)]
         else:
-            with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_workers) as pool:
+            with one_blas_thread(), ThreadPoolExecutor(n_workers) as pool:
                 parts = list(pool.map(work, range(n_workers)))
         out = parts[0]
         for part in parts[1:]:

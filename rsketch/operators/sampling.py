@@ -53,7 +53,7 @@ class _RowSampling(SketchOperator):
         return np.asarray(rows.toarray() * self.scales().astype(A.dtype)[:, None])
 
     def _adjoint_numpy(self, Z):
-        out = np.zeros((self.n_rows, Z.shape[1]), dtype=Z.dtype)
+        out = np.zeros((self.input_dim, Z.shape[1]), dtype=Z.dtype)
         np.add.at(out, self.indices(), Z * self.scales().astype(Z.dtype)[:, None])
         return out
 
@@ -69,7 +69,7 @@ class UniformSampling(_RowSampling):
 
     Parameters
     ----------
-    n_rows, sketch_size, seed, dtype
+    input_dim, sketch_size, seed, dtype
         See :class:`rsketch.SketchOperator`.
     replace : bool, default True
         Sample with replacement (i.i.d. rows) or without.
@@ -84,12 +84,12 @@ class UniformSampling(_RowSampling):
 
     kind = "uniform"
 
-    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64, replace=True):
+    def __init__(self, input_dim, sketch_size, *, seed=None, dtype=np.float64, replace=True):
         if not isinstance(replace, (bool, np.bool_)):
             raise TypeError(f"replace must be a bool, got {type(replace).__name__}")
         self.replace = bool(replace)
         self._allows_oversize = self.replace
-        super().__init__(n_rows, sketch_size, seed=seed, dtype=dtype)
+        super().__init__(input_dim, sketch_size, seed=seed, dtype=dtype)
         self._idx = None
 
     def _options(self):
@@ -104,7 +104,7 @@ class UniformSampling(_RowSampling):
         return self._idx
 
     def _indices(self, xp):
-        n, r = self.n_rows, self.sketch_size
+        n, r = self.input_dim, self.sketch_size
         if self.replace:
             if xp is None:
                 w = cpu.philox_words(self.key[0], self.key[1], 0, r, 1, STREAM_SAMPLE)[:, 0, :]
@@ -119,13 +119,13 @@ class UniformSampling(_RowSampling):
 
     def scales(self) -> np.ndarray:
         """Row scales ``sqrt(n / r)``."""
-        return np.full(self.sketch_size, math.sqrt(self.n_rows / self.sketch_size))
+        return np.full(self.sketch_size, math.sqrt(self.input_dim / self.sketch_size))
 
     def _reference_columns(self, start, stop, xp):
         return self._columns_from(self._indices(xp), self.scales(), start, stop, xp)
 
 
-def _check_scores(scores, n_rows):
+def _check_scores(scores, input_dim):
     try:
         s = np.asarray(scores)
     except (TypeError, ValueError) as exc:
@@ -133,8 +133,8 @@ def _check_scores(scores, n_rows):
     if s.dtype.kind not in "iuf":
         raise TypeError(f"scores must be real numbers, got dtype {s.dtype}")
     s = s.astype(np.float64)
-    if s.shape != (n_rows,):
-        raise ValueError(f"scores must have shape ({n_rows},) (one per row), got {s.shape}")
+    if s.shape != (input_dim,):
+        raise ValueError(f"scores must have shape ({input_dim},) (one per row), got {s.shape}")
     if not np.isfinite(s).all():
         raise ValueError("scores contain NaN or infinite values")
     if (s < 0).any():
@@ -156,9 +156,9 @@ class LeverageSampling(_RowSampling):
 
     Parameters
     ----------
-    n_rows, sketch_size, seed, dtype
+    input_dim, sketch_size, seed, dtype
         See :class:`rsketch.SketchOperator`.
-    scores : array of shape (n_rows,)
+    scores : array of shape (input_dim,)
         Non-negative importance scores (leverage scores, exact or approximate); only their
         proportions matter.
     uniform_mix : float in [0, 1), default 0.1
@@ -180,15 +180,15 @@ class LeverageSampling(_RowSampling):
     kind = "leverage"
 
     def __init__(
-        self, n_rows, sketch_size, *, scores, seed=None, dtype=np.float64, uniform_mix=DEFAULT_UNIFORM_MIX
+        self, input_dim, sketch_size, *, scores, seed=None, dtype=np.float64, uniform_mix=DEFAULT_UNIFORM_MIX
     ):
-        super().__init__(n_rows, sketch_size, seed=seed, dtype=dtype)
-        self.scores = _check_scores(scores, self.n_rows)
+        super().__init__(input_dim, sketch_size, seed=seed, dtype=dtype)
+        self.scores = _check_scores(scores, self.input_dim)
         mix = float(uniform_mix)
         if not 0.0 <= mix < 1.0 or not np.isfinite(mix):
             raise ValueError(f"uniform_mix must lie in [0, 1), got {uniform_mix!r}")
         self.uniform_mix = mix
-        self.probabilities = (1 - mix) * self.scores / self.scores.sum() + mix / self.n_rows
+        self.probabilities = (1 - mix) * self.scores / self.scores.sum() + mix / self.input_dim
         self._cdf = np.cumsum(self.probabilities)
         self._idx = None
 
@@ -208,7 +208,7 @@ class LeverageSampling(_RowSampling):
     def _invert(self, w_lo, w_hi):
         u = uniform53_from_words(np, w_lo, w_hi)
         idx = np.searchsorted(self._cdf, u * self._cdf[-1], side="right")
-        return np.minimum(idx, self.n_rows - 1).astype(np.int64)
+        return np.minimum(idx, self.input_dim - 1).astype(np.int64)
 
     def scales(self) -> np.ndarray:
         """Row scales ``1 / sqrt(r p_{idx_i})``."""

@@ -37,7 +37,7 @@ class SparseSign(SketchOperator):
 
     Parameters
     ----------
-    n_rows, sketch_size, seed, dtype
+    input_dim, sketch_size, seed, dtype
         See :class:`rsketch.SketchOperator`.
     nnz_per_column : int, default min(8, sketch_size)
         ``s``: nonzeros per column. ``s = 8`` is the common practical choice (Tropp et al.;
@@ -47,14 +47,14 @@ class SparseSign(SketchOperator):
     --------
     >>> import numpy as np, rsketch
     >>> S = rsketch.SparseSign(1000, 100, seed=0, nnz_per_column=4)
-    >>> (np.count_nonzero(S.to_dense(), axis=0) == 4).all()
+    >>> bool((np.count_nonzero(S.to_dense(), axis=0) == 4).all())
     True
     """
 
     kind = "sparse_sign"
 
-    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64, nnz_per_column=None):
-        super().__init__(n_rows, sketch_size, seed=seed, dtype=dtype)
+    def __init__(self, input_dim, sketch_size, *, seed=None, dtype=np.float64, nnz_per_column=None):
+        super().__init__(input_dim, sketch_size, seed=seed, dtype=dtype)
         if nnz_per_column is None:
             nnz_per_column = min(8, self.sketch_size)
         self.nnz_per_column = check_int(nnz_per_column, "nnz_per_column", minimum=1, maximum=self.sketch_size)
@@ -68,14 +68,14 @@ class SparseSign(SketchOperator):
 
     def pattern(self, start=0, stop=None):
         """Rows and signs of the nonzeros of columns ``start:stop``: two ``(m, s)`` arrays."""
-        stop = self.n_rows if stop is None else stop
+        stop = self.input_dim if stop is None else stop
         start, stop = self._check_range(start, stop)
         s, r = self.nnz_per_column, self.sketch_size
         return cpu.sparse_pattern(self.key[0], self.key[1], start, stop, s, r, STREAM_ROW)
 
     def reference_pattern(self, start=0, stop=None, xp=np):
         """The same pattern from the portable Philox path."""
-        stop = self.n_rows if stop is None else stop
+        stop = self.input_dim if stop is None else stop
         s, r = self.nnz_per_column, self.sketch_size
         j = xp.arange(start, stop, dtype=xp.int64)[:, None]
         t = xp.arange(s, dtype=xp.int64)[None, :]
@@ -129,7 +129,7 @@ class SparseSign(SketchOperator):
         return out
 
     def _adjoint_numpy(self, Z):
-        out = np.empty((self.n_rows, Z.shape[1]), dtype=Z.dtype)
+        out = np.empty((self.input_dim, Z.shape[1]), dtype=Z.dtype)
         args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
         cpu.sparse_adjoint(*args, np.ascontiguousarray(Z), out)
         return out
@@ -145,7 +145,7 @@ class CountSketch(SparseSign):
 
     Parameters
     ----------
-    n_rows, sketch_size, seed, dtype
+    input_dim, sketch_size, seed, dtype
         See :class:`rsketch.SketchOperator`.
 
     Examples
@@ -158,8 +158,8 @@ class CountSketch(SparseSign):
 
     kind = "countsketch"
 
-    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64):
-        super().__init__(n_rows, sketch_size, seed=seed, dtype=dtype, nnz_per_column=1)
+    def __init__(self, input_dim, sketch_size, *, seed=None, dtype=np.float64):
+        super().__init__(input_dim, sketch_size, seed=seed, dtype=dtype, nnz_per_column=1)
 
     def _options(self):
         return {}

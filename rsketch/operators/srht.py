@@ -16,7 +16,6 @@ from rsketch._random import (
     select_without_replacement,
     signs_from_words,
 )
-from rsketch._validation import check_option
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
 
@@ -28,52 +27,24 @@ def _parity(xp, x):
     return x & 1
 
 
-class SRHT(SketchOperator):
-    """Subsampled randomized Hadamard (or DCT) transform.
-
-    ``S = sqrt(m / r) * P F D`` where ``D`` is a diagonal of random signs, ``F`` an orthogonal
-    ``m x m`` transform and ``P`` selects ``r`` of its ``m`` rows uniformly without
-    replacement; then ``E[S.T S] = I``.
-
-    - ``transform="hadamard"``: ``F = H / sqrt(m)`` with ``H`` the Walsh-Hadamard matrix of order
-      ``m = 2**ceil(log2 n)``; ``A`` is implicitly zero-padded to ``m`` rows. Applied by a compiled,
-      cache-blocked fast Walsh-Hadamard transform, parallel over groups of 8 columns; extra memory
-      ``threads * 8 * m`` values (not a padded copy of ``A``), time ``O(m log m k)``.
-    - ``transform="dct"``: ``F`` is the orthonormal DCT-II of order ``m = n`` through
-      :func:`scipy.fft.dct` (no padding; one transformed copy of ``A`` in memory).
+class _SubsampledTransform(SketchOperator):
+    """``S = sqrt(m / r) * P F D``: random signs ``D``, an orthogonal ``m x m`` transform ``F``, and
+    ``P`` selecting ``r`` of its ``m`` rows uniformly without replacement; ``E[S.T S] = I``.
 
     The diagonal signs of entry ``j`` are bit 0 of lane ``j % 4`` of counter ``(j // 4, 0, STREAM_SIGN)``;
     the selected rows are the ``r`` indices of ``[0, m)`` with the smallest Philox hashes
-    (stream ``STREAM_SELECT``), kept in ascending order.
-
-    Parameters
-    ----------
-    n_rows, sketch_size, seed, dtype
-        See :class:`rsketch.SketchOperator`; ``sketch_size <= n_rows``.
-    transform : {"hadamard", "dct"}
-        The orthogonal transform.
-
-    Examples
-    --------
-    >>> import numpy as np, rsketch
-    >>> S = rsketch.SRHT(1000, 100, seed=0)
-    >>> S.padded_size
-    1024
-    >>> np.allclose(S @ np.eye(1000)[:, :3], S.to_dense()[:, :3])
-    True
+    (stream ``STREAM_SELECT``), kept in ascending order. Subclasses give ``m`` and ``F``.
     """
 
-    kind = "srht"
     _allows_oversize = False
 
-    def __init__(self, n_rows, sketch_size, *, seed=None, dtype=np.float64, transform="hadamard"):
-        super().__init__(n_rows, sketch_size, seed=seed, dtype=dtype)
-        self.transform = check_option(transform, "transform", {"hadamard", "dct"})
-        self.padded_size = 1 << (self.n_rows - 1).bit_length() if transform == "hadamard" else self.n_rows
+    def __init__(self, input_dim, sketch_size, *, seed=None, dtype=np.float64):
+        super().__init__(input_dim, sketch_size, seed=seed, dtype=dtype)
+        self.padded_size = self._transform_size()
         self._rows = None
 
-    def _options(self):
-        return {"transform": self.transform}
+    def _transform_size(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     @property
     def rows(self) -> np.ndarray:
@@ -92,21 +63,11 @@ class SRHT(SketchOperator):
 
     def signs(self, start=0, stop=None, xp=np):
         """The diagonal signs ``D[start:stop]`` (float64 +-1)."""
-        stop = self.n_rows if stop is None else stop
+        stop = self.input_dim if stop is None else stop
         return signs_from_words(xp, lane_words(xp, self.key, start, stop, STREAM_SIGN), xp.float64)
 
-    def _columns_from(self, rows, start, stop, xp):
-        j = xp.arange(start, stop, dtype=xp.int64)[None, :]
-        i = xp.asarray(rows)[:, None]
-        d = self.signs(start, stop, xp)[None, :]
-        r = self.sketch_size
-        if self.transform == "hadamard":
-            h = xp.astype(1 - 2 * _parity(xp, i & j), xp.float64)
-            return h * d * (1.0 / math.sqrt(r))
-        n = self.n_rows
-        c = 1.0 - (1.0 - math.sqrt(0.5)) * xp.astype(i == 0, xp.float64)  # DCT-II row 0 has weight 1/sqrt(2)
-        ang = (math.pi / (2 * n)) * xp.astype((2 * j + 1) * i, xp.float64)
-        return math.sqrt(2.0 / r) * c * xp.cos(ang) * d
+    def _columns_from(self, rows, start, stop, xp):  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def _fast_columns(self, start, stop):
         return self._columns_from(self.rows, start, stop, np)
@@ -114,39 +75,126 @@ class SRHT(SketchOperator):
     def _reference_columns(self, start, stop, xp):
         return self._columns_from(self.reference_rows(), start, stop, xp)
 
-    def _apply_numpy(self, A):
-        r, k = self.sketch_size, A.shape[1]
-        if self.transform == "hadamard":
-            out = np.empty((r, k), dtype=A.dtype)
-            cpu.srht_apply(
-                self.key[0], self.key[1], STREAM_SIGN, self.padded_size, self.rows, 1.0 / math.sqrt(r), A, out
-            )
-            return out
-        B = A * self.signs().astype(A.dtype)[:, None]
-        Y = scipy.fft.dct(B, type=2, norm="ortho", axis=0, overwrite_x=True, workers=os.cpu_count())
-        return Y[self.rows] * A.dtype.type(math.sqrt(self.n_rows / r))
-
     def _apply_sparse(self, A):
         # The transform mixes all rows: a sparse A is densified (documented memory cost n * k).
         return self._apply_numpy(A.toarray())
 
+
+class SRHT(_SubsampledTransform):
+    """Subsampled randomized Hadamard transform.
+
+    ``S = sqrt(m / r) * P F D`` where ``D`` is a diagonal of random signs, ``F = H / sqrt(m)`` with
+    ``H`` the Walsh-Hadamard matrix of order ``m = 2**ceil(log2 n)`` (``A`` is implicitly
+    zero-padded to ``m`` rows) and ``P`` selects ``r`` of its ``m`` rows uniformly without
+    replacement; then ``E[S.T S] = I``. Applied by a compiled, cache-blocked fast Walsh-Hadamard
+    transform, parallel over groups of 8 columns; extra memory ``threads * 8 * m`` values (not a
+    padded copy of ``A``), time ``O(m log m k)``.
+
+    The diagonal signs of entry ``j`` are bit 0 of lane ``j % 4`` of counter ``(j // 4, 0, STREAM_SIGN)``;
+    the selected rows are the ``r`` indices of ``[0, m)`` with the smallest Philox hashes
+    (stream ``STREAM_SELECT``), kept in ascending order.
+
+    Parameters
+    ----------
+    input_dim, sketch_size, seed, dtype
+        See :class:`rsketch.SketchOperator`; ``sketch_size <= input_dim``.
+
+    See Also
+    --------
+    SRDCT : the same construction with the DCT-II (no padding).
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.SRHT(1000, 100, seed=0)
+    >>> S.padded_size
+    1024
+    >>> np.allclose(S @ np.eye(1000)[:, :3], S.to_dense()[:, :3])
+    True
+    """
+
+    kind = "srht"
+
+    def _transform_size(self) -> int:
+        return 1 << (self.input_dim - 1).bit_length()
+
+    def _columns_from(self, rows, start, stop, xp):
+        j = xp.arange(start, stop, dtype=xp.int64)[None, :]
+        i = xp.asarray(rows)[:, None]
+        d = self.signs(start, stop, xp)[None, :]
+        h = xp.astype(1 - 2 * _parity(xp, i & j), xp.float64)
+        return h * d * (1.0 / math.sqrt(self.sketch_size))
+
+    def _apply_numpy(self, A):
+        r, k = self.sketch_size, A.shape[1]
+        out = np.empty((r, k), dtype=A.dtype)
+        cpu.srht_apply(
+            self.key[0], self.key[1], STREAM_SIGN, self.padded_size, self.rows, 1.0 / math.sqrt(r), A, out
+        )
+        return out
+
     def _adjoint_numpy(self, Z):
-        n, k = self.n_rows, Z.shape[1]
-        Z = np.ascontiguousarray(Z)
-        if self.transform == "hadamard":
-            out = np.empty((n, k), dtype=Z.dtype)
-            cpu.srht_adjoint(
-                self.key[0],
-                self.key[1],
-                STREAM_SIGN,
-                self.padded_size,
-                self.rows,
-                1.0 / math.sqrt(self.sketch_size),
-                Z,
-                out,
-            )
-            return out
-        buf = np.zeros((n, k), dtype=Z.dtype)
+        n, k = self.input_dim, Z.shape[1]
+        out = np.empty((n, k), dtype=Z.dtype)
+        scale = 1.0 / math.sqrt(self.sketch_size)
+        cpu.srht_adjoint(
+            self.key[0],
+            self.key[1],
+            STREAM_SIGN,
+            self.padded_size,
+            self.rows,
+            scale,
+            np.ascontiguousarray(Z),
+            out,
+        )
+        return out
+
+
+class SRDCT(_SubsampledTransform):
+    """Subsampled randomized discrete cosine transform.
+
+    ``S = sqrt(n / r) * P F D`` with ``D`` random signs, ``F`` the orthonormal DCT-II of order
+    ``n`` (no padding) through :func:`scipy.fft.dct`, and ``P`` selecting ``r`` of its ``n`` rows
+    uniformly without replacement; ``E[S.T S] = I``. One transformed copy of ``A`` is held in
+    memory; time ``O(n log n k)``. Its signs and selected rows are drawn as :class:`SRHT`'s are,
+    with ``m = n``.
+
+    Parameters
+    ----------
+    input_dim, sketch_size, seed, dtype
+        See :class:`rsketch.SketchOperator`; ``sketch_size <= input_dim``.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.SRDCT(1000, 100, seed=0)
+    >>> S.padded_size
+    1000
+    >>> np.allclose(S @ np.eye(1000)[:, :3], S.to_dense()[:, :3])
+    True
+    """
+
+    kind = "srdct"
+
+    def _transform_size(self) -> int:
+        return self.input_dim
+
+    def _columns_from(self, rows, start, stop, xp):
+        j = xp.arange(start, stop, dtype=xp.int64)[None, :]
+        i = xp.asarray(rows)[:, None]
+        d = self.signs(start, stop, xp)[None, :]
+        c = 1.0 - (1.0 - math.sqrt(0.5)) * xp.astype(i == 0, xp.float64)  # DCT-II row 0 has weight 1/sqrt(2)
+        ang = (math.pi / (2 * self.input_dim)) * xp.astype((2 * j + 1) * i, xp.float64)
+        return math.sqrt(2.0 / self.sketch_size) * c * xp.cos(ang) * d
+
+    def _apply_numpy(self, A):
+        B = A * self.signs().astype(A.dtype)[:, None]
+        Y = scipy.fft.dct(B, type=2, norm="ortho", axis=0, overwrite_x=True, workers=os.cpu_count())
+        return Y[self.rows] * A.dtype.type(math.sqrt(self.input_dim / self.sketch_size))
+
+    def _adjoint_numpy(self, Z):
+        n = self.input_dim
+        buf = np.zeros((n, Z.shape[1]), dtype=Z.dtype)
         buf[self.rows] = Z
         X = scipy.fft.idct(buf, type=2, norm="ortho", axis=0, overwrite_x=True, workers=os.cpu_count())
         return X * (self.signs().astype(Z.dtype) * math.sqrt(n / self.sketch_size))[:, None]

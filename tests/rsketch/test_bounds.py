@@ -10,7 +10,7 @@ import pytest
 
 import rsketch
 from rsketch.experiments.designs import leverage_scores, make_design
-from rsketch.stats.bounds import DERIVED, PAPER, PW, chernoff_eps
+from rsketch.stats._bounds import DERIVED, PAPER, PW, chernoff_eps
 
 DELTA = 0.1
 N, P = 2000, 4

@@ -14,8 +14,8 @@ import scipy.linalg
 import scipy.sparse as sp
 
 import rsketch
-from rsketch.linalg.lstsq import build_sketch
-from rsketch.linalg.precondition import predicted_rate, sketched_factor
+from rsketch.linalg._common import build_sketch
+from rsketch.linalg._precondition import predicted_rate, sketched_factor
 from rsketch.linalg.problems import make_problem
 
 SEEDS = [0, 1, 2]
@@ -189,7 +189,7 @@ def test_ihs_matrix_rhs_and_sparse():
 
 
 def test_ihs_draws_fresh_sketches():
-    from rsketch.linalg.ihs import fresh_sketch
+    from rsketch.linalg._ihs import fresh_sketch
 
     S0 = rsketch.make_sketch("srht", 64, 16, seed=0)
     S1, S2 = fresh_sketch(S0, 1), fresh_sketch(S0, 2)
@@ -371,7 +371,7 @@ def test_bad_options(kwargs, exc, match):
 
 def test_bad_operator():
     X, y = _xy()
-    with pytest.raises(ValueError, match="n_rows=100 but X has 200 rows"):
+    with pytest.raises(ValueError, match="input_dim=100 but X has 200 rows"):
         rsketch.lstsq(X, y, sketch=rsketch.make_sketch("gaussian", 100, 20, seed=0))
     with pytest.raises(ValueError, match="contradicts"):
         rsketch.lstsq(X, y, sketch=rsketch.make_sketch("gaussian", 200, 20, seed=0), sketch_size=30)

@@ -18,7 +18,7 @@ KINDS = ["gaussian", "srht", "srht_dct", "countsketch", "sparse_sign", "leverage
 
 def build(kind, n, r, seed=0, dtype=np.float64):
     if kind == "srht_dct":
-        return rsketch.SRHT(n, r, seed=seed, dtype=dtype, transform="dct")
+        return rsketch.SRDCT(n, r, seed=seed, dtype=dtype)
     if kind == "uniform_norep":
         return rsketch.UniformSampling(n, r, seed=seed, dtype=dtype, replace=False)
     if kind == "leverage":
@@ -143,8 +143,8 @@ def test_fwht_against_scipy_hadamard():
 
 
 def test_srht_full_size_is_orthogonal():
-    for transform in ("hadamard", "dct"):
-        S = rsketch.SRHT(64, 64, seed=2, transform=transform).to_dense()
+    for cls in (rsketch.SRHT, rsketch.SRDCT):
+        S = cls(64, 64, seed=2).to_dense()
         np.testing.assert_allclose(S.T @ S, np.eye(64), atol=1e-12)
     S = rsketch.UniformSampling(50, 50, seed=1, replace=False).to_dense()
     np.testing.assert_array_equal(S.T @ S, np.eye(50))
@@ -325,15 +325,15 @@ class TestBadInput:
     def test_construction_errors(self):
         with pytest.raises(ValueError, match="sketch_size"):
             rsketch.GaussianSketch(10, 0)
-        with pytest.raises(TypeError, match="n_rows"):
+        with pytest.raises(TypeError, match="input_dim"):
             rsketch.GaussianSketch(10.5, 3)
-        with pytest.raises(ValueError, match="sketch_size must be <= n_rows"):
+        with pytest.raises(ValueError, match="sketch_size must be <= input_dim"):
             rsketch.SRHT(10, 11)
-        with pytest.raises(ValueError, match="sketch_size must be <= n_rows"):
+        with pytest.raises(ValueError, match="sketch_size must be <= input_dim"):
             rsketch.UniformSampling(10, 11, replace=False)
         rsketch.UniformSampling(10, 11)  # with replacement it is allowed
-        with pytest.raises(ValueError, match="transform"):
-            rsketch.SRHT(10, 3, transform="fft")
+        with pytest.raises(TypeError, match="transform"):
+            rsketch.SRHT(10, 3, transform="dct")  # the SRDCT is its own class
         with pytest.raises(ValueError, match="nnz_per_column"):
             rsketch.SparseSign(10, 3, nnz_per_column=4)
         with pytest.raises(TypeError, match="dtype"):

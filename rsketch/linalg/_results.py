@@ -43,7 +43,7 @@ class SolverLog:
 
     Examples
     --------
-    >>> from rsketch.linalg.results import SolverLog
+    >>> from rsketch.linalg._results import SolverLog
     >>> SolverLog(sketch=0.1, total=0.3).sketch
     0.1
     """

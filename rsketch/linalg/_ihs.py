@@ -16,8 +16,9 @@ import time
 
 import numpy as np
 
+from rsketch.linalg._common import apply_sketch
 from rsketch.linalg._design import Design
-from rsketch.linalg.precondition import _measures, rounding_floor, sketched_factor
+from rsketch.linalg._precondition import _measures, rounding_floor, sketched_factor
 from rsketch.operators import LeverageSampling
 
 # Iterations without halving the gradient measure after which IHS is judged to have stalled.
@@ -40,22 +41,25 @@ def fresh_sketch(S0, t):
     seed = np.random.SeedSequence([S0.key[0], S0.key[1], t])
     if isinstance(S0, LeverageSampling):
         return LeverageSampling(
-            S0.n_rows, S0.sketch_size, scores=S0.scores, uniform_mix=S0.uniform_mix, seed=seed, dtype=S0.dtype
+            S0.input_dim,
+            S0.sketch_size,
+            scores=S0.scores,
+            uniform_mix=S0.uniform_mix,
+            seed=seed,
+            dtype=S0.dtype,
         )
-    return type(S0)(S0.n_rows, S0.sketch_size, seed=seed, dtype=S0.dtype, **S0._options())
+    return type(S0)(S0.input_dim, S0.sketch_size, seed=seed, dtype=S0.dtype, **S0._options())
 
 
-def ihs(X, Y, S0, *, seed=None, tol, max_iter, log):
+def ihs(X, Y, S0, *, tol, max_iter, log):
     """Run IHS on validated ``X`` (float64, dense or CSR) and ``Y`` (``(n, k)``, C-contiguous).
 
     Parameters
     ----------
     X, Y
-        As returned by :func:`rsketch.linalg.lstsq.validate_problem`.
+        As returned by :func:`rsketch.linalg._common.validate_problem`.
     S0 : SketchOperator
         The first sketch; later ones come from :func:`fresh_sketch`.
-    seed : ignored
-        The sketches derive from ``S0.key`` (kept for a uniform call shape).
     tol : float
         Stop when, for every column, both ``||M_t.T g|| / ||y||`` and ``||M_t M_t.T g|| / ||coef||``
         are below ``tol`` (``g`` the gradient, ``M_t`` the current sketch's preconditioner).
@@ -66,8 +70,6 @@ def ihs(X, Y, S0, *, seed=None, tol, max_iter, log):
     -------
     coef, iterations, converged, residual_norms, rank
     """
-    from rsketch.linalg.lstsq import apply_sketch
-
     design = Design(X)
     n, p = X.shape
     k = Y.shape[1]

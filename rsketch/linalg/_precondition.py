@@ -35,20 +35,9 @@ import warnings
 
 import numpy as np
 import scipy.linalg
-from threadpoolctl import ThreadpoolController
 
-from rsketch.linalg.results import ConvergenceWarning
-
-_CONTROLLER = None
-
-
-def _one_blas_thread():
-    """A context with one BLAS thread (the controller is built once: building it scans libraries)."""
-    global _CONTROLLER
-    if _CONTROLLER is None:
-        _CONTROLLER = ThreadpoolController()
-    return _CONTROLLER.limit(limits=1, user_api="blas")
-
+from rsketch._validation import one_blas_thread
+from rsketch.linalg._results import ConvergenceWarning
 
 # Relative singular-value cutoff: max(r, p) * eps, as numpy.linalg.matrix_rank.
 _EPS = np.finfo(np.float64).eps
@@ -81,7 +70,7 @@ def sketched_factor(SX):
     # Small dense factorisations run on one BLAS thread: with threads they are slower (we measured a
     # 2000 x 100 SVD at 0.04 s on one thread and 0.36 s on two of a shared machine). QR first, then
     # the SVD of the p x p factor R (cheaper than the SVD of S X itself).
-    with _one_blas_thread():
+    with one_blas_thread():
         if SX.shape[0] > SX.shape[1]:
             Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)
             Ur, s, Vt = scipy.linalg.svd(R, check_finite=False, lapack_driver="gesdd")

@@ -30,13 +30,18 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 from scipy.special import ndtr, ndtri
-from threadpoolctl import ThreadpoolController
 from tqdm.auto import tqdm
 
-from rsketch._validation import check_int, check_option
-from rsketch.operators import SKETCH_KINDS, make_sketch
+from rsketch._validation import (
+    EFFICIENCY_METHODS,
+    check_int,
+    check_option,
+    check_sketch_kind,
+    one_blas_thread,
+    seed_sequence,
+)
+from rsketch.operators import make_sketch
 
-METHODS = ("closed_form", "simulate")
 MEASURES = ("pe", "re", "wc")
 
 # Bootstrap resamples for the interval on each mean (BCa): enough for a stable 2.5 % quantile.
@@ -47,18 +52,10 @@ _GAUSSIAN_CACHE_BYTES = 512 * 2**20
 # The per-draw SVD of the small r x p matrix runs on one BLAS thread: threaded LAPACK on a matrix this small
 # costs more in synchronisation than it saves (measured 3 ms single-threaded against 28 ms with two busy
 # threads for 100 x 50). The large products (S @ U, S.T @ Q) keep every thread.
-_BLAS = None
-
-
-def _single_thread():
-    global _BLAS
-    if _BLAS is None:
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
 
 
 def _small_svd(A):
-    with _single_thread():
+    with one_blas_thread():
         return np.linalg.svd(A, full_matrices=False)
 
 
@@ -165,22 +162,6 @@ class EfficiencyResult:
 
 
 # --------------------------------------------------------------------------------------------- inputs
-def _root_seed(seed) -> np.random.SeedSequence:
-    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
-        if seed is not None and seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed}")
-        return np.random.SeedSequence(seed)
-    if isinstance(seed, np.random.SeedSequence):
-        # A copy: spawning from the caller's object would change what it spawns next.
-        return np.random.SeedSequence(seed.entropy, spawn_key=seed.spawn_key, pool_size=seed.pool_size)
-    if isinstance(seed, np.random.Generator):
-        return np.random.SeedSequence(int(seed.integers(0, 2**63)))
-    raise TypeError(
-        f"seed must be None, a non-negative int, a numpy.random.SeedSequence or a numpy.random.Generator; "
-        f"got {type(seed).__name__}"
-    )
-
-
 def _check_design(X) -> np.ndarray:
     if sp.issparse(X):
         X = X.toarray()
@@ -227,7 +208,7 @@ def _check_positive(value, name: str) -> float:
 
 def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Thin SVD ``X = U diag(s) Vt`` of a full-column-rank ``X``; raises ``ValueError`` if rank-deficient."""
-    with _single_thread():
+    with one_blas_thread():
         U, s, Vt = scipy.linalg.svd(X, full_matrices=False, check_finite=False)
     U = np.ascontiguousarray(U)  # row-major: the sparse kernels stream rows (10x faster than column-major)
     tol = s[0] * max(X.shape) * np.finfo(np.float64).eps if s.size and s[0] > 0 else 0.0
@@ -251,7 +232,7 @@ def bca_interval(values, *, level: float = 0.95, n_boot: int = _N_BOOT, rng=None
     Examples
     --------
     >>> import numpy as np
-    >>> from rsketch.stats.efficiency import bca_interval
+    >>> from rsketch.stats._efficiency import bca_interval
     >>> x = np.random.default_rng(0).exponential(size=200)
     >>> lo, hi = bca_interval(x, rng=0)
     >>> bool(lo < x.mean() < hi)
@@ -303,7 +284,7 @@ class _DenseColumns:
     """
 
     def __init__(self, S, buffers):
-        shape = (S.n_rows, S.sketch_size)
+        shape = (S.input_dim, S.sketch_size)
         if buffers.get("dense_t") is None or buffers["dense_t"].shape != shape:
             buffers["dense_t"] = np.empty(shape)
         self.dense_t = S.fill_transposed(buffers["dense_t"])  # S.T, row-major
@@ -327,7 +308,7 @@ class _Operator:
 
 
 def _apply_wrapper(S, buffers):
-    if S.kind == "gaussian" and 8 * S.n_rows * S.sketch_size <= _GAUSSIAN_CACHE_BYTES:
+    if S.kind == "gaussian" and 8 * S.input_dim * S.sketch_size <= _GAUSSIAN_CACHE_BYTES:
         return _DenseColumns(S, buffers)
     return _Operator(S)
 
@@ -471,11 +452,10 @@ def efficiency(
     """
     X = _check_design(X)
     n, p = X.shape
-    if not isinstance(sketch, str) or sketch not in SKETCH_KINDS:
-        raise ValueError(f"sketch must be one of {sorted(SKETCH_KINDS)}, got {sketch!r}")
+    check_sketch_kind(sketch, "sketch")
     r = check_int(sketch_size, "sketch_size", minimum=1)
     n_sketches = check_int(n_sketches, "n_sketches", minimum=1)
-    check_option(method, "method", set(METHODS))
+    check_option(method, "method", EFFICIENCY_METHODS)
     sigma = _check_positive(sigma, "sigma")
     n_noise = check_int(n_noise, "n_noise", minimum=2)
     beta = np.zeros(p) if beta is None else _check_vector(beta, p, "beta")
@@ -485,7 +465,7 @@ def efficiency(
         raise ValueError(f"sketch_size must be <= n = {n} for sketch='srht' (it selects rows), got {r}")
     if sketch == "uniform" and not sketch_options.get("replace", True) and r > n:
         raise ValueError(f"sketch_size must be <= n = {n} for uniform sampling without replacement, got {r}")
-    root = _root_seed(seed)
+    root = seed_sequence(seed)
 
     svd_x = orthonormal_basis(X)
     U = svd_x[0]

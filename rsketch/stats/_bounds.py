@@ -30,8 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rsketch._validation import check_int
-from rsketch.operators import SKETCH_KINDS
+from rsketch._validation import check_int, check_sketch_kind
 from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX
 
 PAPER = "Raskutti & Mahoney (JMLR 2016), form as drawn in the Dobriban & Liu (2019) replication code"
@@ -153,7 +152,7 @@ def chernoff_eps(p: int, L: float, fail: float) -> float:
 
     Examples
     --------
-    >>> from rsketch.stats.bounds import chernoff_eps
+    >>> from rsketch.stats._bounds import chernoff_eps
     >>> 0 < chernoff_eps(10, 0.01, 0.05) < 0.5
     True
     """
@@ -497,7 +496,7 @@ def _sparse(kind, n, p, r, delta, ell, options):
 
 def _projection_lower(kind, n, p, r, options):
     exact = kind in ("gaussian", "countsketch", "sparse_sign")
-    exact = exact or (kind == "srht" and (options.get("transform") == "dct" or n & (n - 1) == 0))
+    exact = exact or kind == "srdct" or (kind == "srht" and n & (n - 1) == 0)
     note = (
         "E[P_S] = (rank/n) I by symmetry"
         if exact
@@ -521,7 +520,7 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
 
     Parameters
     ----------
-    kind : {"gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"}
+    kind : {"gaussian", "srht", "srdct", "countsketch", "sparse_sign", "leverage", "uniform"}
     n, p, r : int
         Rows and columns of ``X`` (``n > p``) and the sketch size.
     leverage : array of shape (n,), optional
@@ -557,8 +556,7 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
     >>> round(b.pe_lower.value, 2)
     5.0
     """
-    if not isinstance(kind, str) or kind not in SKETCH_KINDS:
-        raise ValueError(f"kind must be one of {sorted(SKETCH_KINDS)}, got {kind!r}")
+    check_sketch_kind(kind, "kind")
     n = check_int(n, "n", minimum=2)
     p = check_int(p, "p", minimum=1, maximum=n - 1)
     r = check_int(r, "r", minimum=1)
@@ -569,7 +567,9 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
 
     if kind == "gaussian":
         allb = _gaussian(n, p, r, delta)
-    elif kind == "srht":
+    elif kind in ("srht", "srdct"):
+        # The paper's SRHT bounds rest on the transform's coherence; the DCT-II's entries are at
+        # most sqrt(2/n), within the constant the bounds carry.
         allb = _srht(n, p, r, delta)
     elif kind in ("countsketch", "sparse_sign"):
         allb = _sparse(kind, n, p, r, delta, ell, sketch_options)

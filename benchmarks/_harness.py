@@ -8,10 +8,21 @@ import platform
 import statistics
 import time
 import tracemalloc
-from dataclasses import dataclass, field
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from benchmarks.report import RESULTS, Report, Target, area_of, machine_line, record_run
+
+__all__ = [
+    "RESULTS",
+    "Report",
+    "Target",
+    "append_results",
+    "machine_description",
+    "machine_info",
+    "median_time",
+    "median_times_interleaved",
+    "peak_memory",
+]
 
 
 def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> float:
@@ -59,62 +70,29 @@ def peak_memory(fn) -> int:
     return peak
 
 
-@dataclass
-class Target:
-    """A stated target: what it asks, what we measured, and whether it is met."""
-
-    description: str
-    measured: str
-    met: bool
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile")
+SIMD_FLAGS += ("asimd", "sve", "sve2")  # Arm
 
 
-@dataclass
-class Report:
-    """One benchmark area's table (a list of rows with the same keys) and its targets."""
+def machine_info() -> dict:
+    """The machine of a run, as its history records carry it (see ``benchmarks.report.machine_line``).
 
-    title: str
-    rows: list[dict] = field(default_factory=list)
-    targets: list[Target] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    CPU model, the vector extensions of ``SIMD_FLAGS`` it reports, logical CPUs, BLAS (threadpoolctl),
+    library versions and the 1-minute load average now.
 
-    def to_markdown(self) -> str:
-        out = [f"### {self.title}", ""]
-        if self.rows:
-            keys = list(self.rows[0])
-            out.append("| " + " | ".join(keys) + " |")
-            out.append("|" + "---|" * len(keys))
-            for row in self.rows:
-                out.append("| " + " | ".join(_fmt(row.get(k, "")) for k in keys) + " |")
-            out.append("")
-        for t in self.targets:
-            out.append(f"- {'MET' if t.met else 'NOT MET'}: {t.description} (measured: {t.measured})")
-        if self.targets:
-            out.append("")
-        out.extend(f"- {n}" for n in self.notes)
-        if self.notes:
-            out.append("")
-        return "\n".join(out)
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        if v == 0 or 1e-3 <= abs(v) < 1e5:
-            return f"{v:.4g}"
-        return f"{v:.3e}"
-    return str(v)
-
-
-def machine_description() -> str:
-    """CPU model, logical CPUs, threads allowed, BLAS (threadpoolctl) and library versions."""
-    cpu = platform.processor() or "unknown CPU"
+    >>> sorted(machine_info())
+    ['blas', 'cpu', 'load_avg', 'logical_cpus', 'numpy', 'python', 'scipy', 'simd']
+    """
+    fields = {}  # the first CPU's lines of /proc/cpuinfo (Linux)
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    cpu = fields.get("model name") or platform.processor() or "unknown CPU"
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
     import numpy as np
     import scipy
 
@@ -126,18 +104,41 @@ def machine_description() -> str:
         blas = ", ".join(f"{i['internal_api']} {i['version']} ({i['num_threads']} threads)" for i in infos)
     except Exception:  # threadpoolctl is informative only
         pass
-    return (
-        f"CPU: {cpu}; logical CPUs: {os.cpu_count()}; BLAS: {blas}; "
-        f"Python {platform.python_version()}, NumPy {np.__version__}, SciPy {scipy.__version__}"
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:  # not on every platform
+        load = None
+    return {
+        "cpu": cpu,
+        "simd": [f for f in SIMD_FLAGS if f in flags],
+        "logical_cpus": os.cpu_count(),
+        "blas": blas,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "load_avg": load,
+    }
+
+
+def machine_description() -> str:
+    """CPU model and vector extensions, logical CPUs, BLAS, library versions and load, in one line.
+
+    >>> machine_description().startswith("CPU: ")
+    True
+    """
+    return machine_line(machine_info())
+
+
+def append_results(reports: list[Report], *, quick: bool, areas: list[str] | None = None) -> list[Path]:
+    """Record a run: its reports go to ``benchmarks/history/<area>.jsonl``, then RESULTS.md is re-rendered.
+
+    ``areas`` names each report's area (``benchmarks.AREAS``); by default it follows from the title
+    (``benchmarks.report.area_of``). Returns the history files written.
+    """
+    areas = areas or [area_of(r.title) for r in reports]
+    if len(areas) != len(reports):
+        raise ValueError(f"{len(reports)} reports but {len(areas)} area names")
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return record_run(
+        list(zip(areas, reports, strict=True)), quick=quick, machine=machine_info(), stamp=stamp
     )
-
-
-def append_results(reports: list[Report], *, quick: bool) -> None:
-    """Append the reports, headed by date and machine, to ``benchmarks/RESULTS.md``."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = f"## Run of {stamp}{' (--quick)' if quick else ''}\n\n{machine_description()}\n\n"
-    body = "\n".join(r.to_markdown() for r in reports)
-    if not RESULTS.exists():
-        RESULTS.write_text("# Benchmark results\n\nAppended by `python -m benchmarks`; newest last.\n\n")
-    with RESULTS.open("a") as f:
-        f.write(head + body + "\n")

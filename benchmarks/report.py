@@ -261,7 +261,7 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-def render(records: list[dict], history_link: str = "history") -> str:
+def render(records: list[dict]) -> str:
     """``RESULTS.md`` from history records: every target of each area's latest run, then its tables.
 
     >>> rep = Report("Demo", rows=[{"case": "a", "time_s": 0.5}], targets=[Target("fast", "0.5 s", False)])
@@ -297,7 +297,7 @@ def render(records: list[dict], history_link: str = "history") -> str:
             out.append(f"| {area} | (no stated target) |  |  | {run.stamp} |")
     for area, run in latest.items():
         n_runs = sum(r.area == area for r in all_runs)
-        link = f"{history_link}/{area}.jsonl"
+        link = f"history/{area}.jsonl"
         out += [
             "",
             f"## {area}",

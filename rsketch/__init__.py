@@ -1,7 +1,16 @@
 """rsketch: randomized sketching for least squares, after Raskutti & Mahoney (JMLR 2016).
 
-Public API: the sketch operators and :func:`make_sketch` (this module); solvers, efficiency
-measures, bounds and scikit-learn estimators are added by their own modules.
+Public API, every name importable from here: the sketch operators and :func:`make_sketch`
+(:mod:`rsketch.operators`), the least-squares solver :func:`lstsq` (:mod:`rsketch.linalg`), the
+efficiency measures and bounds (:mod:`rsketch.stats`) and the scikit-learn estimators
+(:mod:`rsketch.estimators`, loaded on first use).
+
+Examples
+--------
+>>> import numpy as np, rsketch
+>>> S = rsketch.make_sketch("sparse_sign", 10_000, 200, seed=0)
+>>> S.shape
+(200, 10000)
 """
 
 from rsketch.linalg import ConvergenceWarning, LstsqResult, lstsq

@@ -1,7 +1,7 @@
 """The design matrix as the iterations see it: products with ``X`` by the cheapest route per format.
 
 A C-contiguous dense ``X`` (float64) goes through the one-pass numba kernels of
-:mod:`rsketch.linalg._kernels` (one streaming read of ``X`` per iteration); other dense layouts
+:mod:`rsketch.kernels.cpu` (one streaming read of ``X`` per iteration); other dense layouts
 use two BLAS products (two reads); sparse ``X`` uses SciPy's CSR/CSC products (``O(nnz)``).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from rsketch.linalg import _kernels
+from rsketch.kernels import cpu
 
 # Right-hand sides up to this many go through the fused kernels; beyond it, blocked BLAS-3
 # (a few thousand rows at a time, so the second read of each block hits cache).
@@ -26,7 +26,7 @@ class Design:
         self.shape = X.shape
         self.sparse = sp.issparse(X)
         self.fused = (not self.sparse) and X.flags.c_contiguous
-        self._chunks = _kernels.n_chunks(X.shape[0])
+        self._chunks = cpu.n_chunks(X.shape[0])
 
     def matmul(self, B):
         """``X @ B`` for ``B`` of shape ``(p, k)``."""
@@ -37,7 +37,7 @@ class Design:
         X = self.X
         k = V.shape[1]
         if self.fused and k <= _FUSED_MAX_K:
-            return _kernels.gram_apply(X, np.ascontiguousarray(V), self._chunks)
+            return cpu.gram_apply(X, np.ascontiguousarray(V), self._chunks)
         if self.fused:
             out = np.zeros((X.shape[1], k))
             nrm = np.zeros(k)
@@ -55,7 +55,7 @@ class Design:
         X = self.X
         k = B.shape[1]
         if self.fused and k <= _FUSED_MAX_K:
-            return _kernels.residual_gradient(X, Y, np.ascontiguousarray(B), self._chunks, accurate)
+            return cpu.residual_gradient(X, Y, np.ascontiguousarray(B), self._chunks, accurate)
         if self.fused:
             out = np.zeros((X.shape[1], k))
             nrm = np.zeros(k)

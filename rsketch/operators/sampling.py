@@ -21,6 +21,8 @@ from rsketch._random import (
 from rsketch._validation import check_operand, check_option
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
+from rsketch.operators.gaussian import GaussianSketch
+from rsketch.operators.srht import SRHT
 
 # Share of uniform probability mixed into leverage-score sampling so every row has p_i > 0.
 DEFAULT_UNIFORM_MIX = 0.1
@@ -272,9 +274,6 @@ def exact_leverage(A) -> np.ndarray:
 
 def approximate_leverage(A, key) -> np.ndarray:
     """Drineas, Magdon-Ismail, Mahoney & Woodruff (2012) approximate leverage scores."""
-    from rsketch.operators.gaussian import GaussianSketch
-    from rsketch.operators.srht import SRHT
-
     n, p = A.shape
     r1 = min(n, 4 * p + 64)
     Pi1 = SRHT(n, r1, seed=np.random.SeedSequence(list(derive_key(key, 1))))

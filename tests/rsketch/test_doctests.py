@@ -12,9 +12,7 @@ import pytest
 
 import rsketch
 
-MODULES = sorted(
-    ["rsketch"] + [m.name for m in pkgutil.walk_packages(rsketch.__path__, prefix="rsketch.")]
-)
+MODULES = sorted(["rsketch"] + [m.name for m in pkgutil.walk_packages(rsketch.__path__, prefix="rsketch.")])
 
 
 def test_discovery_finds_the_packages():

@@ -32,7 +32,7 @@ from rsketch.stats import Bound, EfficiencyResult, SketchBounds, bounds, efficie
 __version__ = "0.1.0"
 
 # The scikit-learn estimators load on first use: importing scikit-learn costs more than the rest of
-# rsketch together (1.5 s of 2.4 s measured), and operators and lstsq do not need it.
+# rsketch together, and operators and lstsq do not need it.
 _LAZY = {"SketchedLinearRegression": "rsketch.estimators", "SketchedRidge": "rsketch.estimators"}
 
 

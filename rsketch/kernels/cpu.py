@@ -667,8 +667,8 @@ def _pick(pair, X):
 
 def gram_apply(X, V, nchunks):
     """``(X.T @ (X @ V), colwise ||X @ V||**2)`` in one pass over ``X`` (``V``: ``(p, k)``)."""
-    # One kernel for every k: for k = 1 it measured faster (0.020 s per pass at n = 500,000,
-    # p = 100) than a kernel specialised to a vector (0.026 s); a plain read of X takes 0.019 s.
+    # One kernel for every k: for k = 1 it is faster than a kernel specialised to a vector
+    # (docs/solvers.md has the timings).
     return _pick(_gram_block, X)(X, np.ascontiguousarray(V), nchunks)
 
 

@@ -24,10 +24,10 @@ def default_sketch_size(method: str, n: int, p: int) -> int:
 
     ``c = 40`` for ``"precondition"``, ``20`` for ``"sketch_and_solve"``, ``10`` for ``"ihs"``. For
     preconditioning, ``r = 40 p`` gives a CG contraction of about ``sqrt(p / r) = 0.16`` per pass
-    over ``X``; at ``n = 500,000, p = 100`` we measured ``r = 20, 40, 80 p`` at 22, 18 and 15
-    iterations, and ``40 p`` fastest overall (the sketch and its QR grow with ``r``;
-    docs/solvers.md). For sketch-and-solve the expected squared-residual ratio is about
-    ``1 + p / (r - p) = 1.05``. IHS draws a new sketch each iteration, so it uses a smaller one.
+    over ``X``, and was the fastest overall of ``20, 40, 80 p`` (fewer iterations against a larger
+    sketch and factorisation; docs/solvers.md). For sketch-and-solve the expected
+    squared-residual ratio is about ``1 + p / (r - p) = 1.05``. IHS draws a new sketch each
+    iteration, so it uses a smaller one.
 
     Examples
     --------

@@ -10,14 +10,12 @@ of ``range(X)`` with distortion ``eps_S``, the singular values of ``X M`` lie in
 iteration (Rokhlin & Tygert 2008; Avron, Maymounkov & Toledo, Blendenpik, 2010; Meng, Saunders &
 Mahoney, LSRN, 2014).
 
-Why this finish. Each iteration needs ``X.T X v``: one streaming pass over ``X`` with the fused kernel,
-0.018-0.020 s at ``n = 500,000, p = 100`` on our machine (a plain read of ``X`` takes 0.019 s),
-against 0.05 s for the two BLAS products LSQR needs, and 0.5 s for the BLAS-3 alternative (one
-blocked pass forming ``X M`` and its Gram matrix for a preconditioned Cholesky-QR, ``3 n p^2``
-flops at 20-40 GFLOP/s on two cores; we built and timed it: it would save about 15 passes and
-cost 25). With ``r = 40 p`` about 18 passes reach working accuracy. The warm start from
-sketch-and-solve starts the error at ``~ sqrt(p/r) ||r_opt||`` instead of ``||y||``, and every
-round ends with the true gradient recomputed from ``X`` (residual replacement), which keeps the
+Why this finish. Each iteration needs ``X.T X v``, which the fused kernel computes in one streaming
+pass over ``X`` (LSQR's two BLAS products read ``X`` twice; a BLAS-3 Cholesky-QR pass costs
+``3 n p^2`` flops, more than the passes it saves; ``docs/solvers.md`` has the measurements).
+The warm start from sketch-and-solve starts the error at ``~ sqrt(p/r) ||r_opt||`` instead of
+``||y||``, and every round ends with the true gradient recomputed from ``X`` (residual
+replacement), which keeps the
 recurrences honest; a round that does not meet the test starts again from the current iterate
 (iterative refinement with a CG inner solver; Epperly, Meier & Nakatsukasa 2024 show
 warm-started sketch-and-precondition is forward stable, and refinement is what restores backward
@@ -67,9 +65,9 @@ def sketched_factor(SX):
     >>> rank, M.shape
     (2, (3, 2))
     """
-    # Small dense factorisations run on one BLAS thread: with threads they are slower (we measured a
-    # 2000 x 100 SVD at 0.04 s on one thread and 0.36 s on two of a shared machine). QR first, then
-    # the SVD of the p x p factor R (cheaper than the SVD of S X itself).
+    # Small dense factorisations run on one BLAS thread: threaded LAPACK on an r x p matrix costs
+    # more in synchronisation than it saves (docs/solvers.md). QR first, then the SVD of the p x p
+    # factor R (cheaper than the SVD of S X itself).
     with one_blas_thread():
         if SX.shape[0] > SX.shape[1]:
             Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)

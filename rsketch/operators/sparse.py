@@ -29,11 +29,10 @@ class SparseSign(SketchOperator):
     Each column has unit norm and distinct rows, so ``E[S.T S] = I``.
 
     ``S @ A`` is one streaming pass over ``A``: a compiled kernel hashes row ``j`` on the fly and
-    adds it, signed, into ``s`` rows of a per-thread ``r x k`` accumulator (scatter-add). We
-    measured it against sorting the rows of ``A`` by bucket and summing segments: the sort
-    moves all of ``A`` once more, while the accumulators (``r k`` values per thread) stay in
-    cache, so the scatter wins; see ``docs/operators.md``. Cost ``O(s nnz(A))``; extra memory
-    ``threads * r * k``.
+    adds it, signed, into ``s`` rows of a per-thread ``r x k`` accumulator (scatter-add), not a
+    sort of the rows of ``A`` by bucket: the sort moves all of ``A`` once more, while the
+    accumulators (``r k`` values per thread) stay in cache (``docs/operators.md``).
+    Cost ``O(s nnz(A))``; extra memory ``threads * r * k``.
 
     Parameters
     ----------

@@ -50,8 +50,7 @@ _N_BOOT = 4000
 # when they fit in this many bytes; otherwise they are generated twice (once per product).
 _GAUSSIAN_CACHE_BYTES = 512 * 2**20
 # The per-draw SVD of the small r x p matrix runs on one BLAS thread: threaded LAPACK on a matrix this small
-# costs more in synchronisation than it saves (measured 3 ms single-threaded against 28 ms with two busy
-# threads for 100 x 50). The large products (S @ U, S.T @ Q) keep every thread.
+# costs more in synchronisation than it saves (docs/efficiency.md). The large products keep every thread.
 
 
 def _small_svd(A):
@@ -452,72 +451,87 @@ def efficiency(
     """
     X = _check_design(X)
     n, p = X.shape
-    check_sketch_kind(sketch, "sketch")
-    r = check_int(sketch_size, "sketch_size", minimum=1)
-    n_sketches = check_int(n_sketches, "n_sketches", minimum=1)
-    check_option(method, "method", EFFICIENCY_METHODS)
+    r = _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options)
     sigma = _check_positive(sigma, "sigma")
     n_noise = check_int(n_noise, "n_noise", minimum=2)
     beta = np.zeros(p) if beta is None else _check_vector(beta, p, "beta")
     if y is not None:
         y = _check_vector(y, n, "y")
-    if sketch == "srht" and r > n:
-        raise ValueError(f"sketch_size must be <= n = {n} for sketch='srht' (it selects rows), got {r}")
-    if sketch == "uniform" and not sketch_options.get("replace", True) and r > n:
-        raise ValueError(f"sketch_size must be <= n = {n} for uniform sampling without replacement, got {r}")
     root = seed_sequence(seed)
 
     svd_x = orthonormal_basis(X)
-    U = svd_x[0]
     options = dict(sketch_options)
     if sketch == "leverage" and "scores" not in options:
-        options["scores"] = np.einsum("ij,ij->i", U, U)
-    y_parts = None
-    if y is not None:
-        Uty = U.T @ y
-        rss = float(np.sum((y - U @ Uty) ** 2))
-        if rss <= (np.finfo(np.float64).eps * n) ** 2 * float(y @ y) or rss == 0.0:
-            raise ValueError("y lies in the column space of X: its OLS residual is zero, C_WC is undefined")
-        y_parts = (y, Uty, rss)
+        options["scores"] = np.einsum("ij,ij->i", svd_x[0], svd_x[0])
+    y_parts = _wc_parts(y, svd_x[0])
 
+    def draw(S, noise_seed):
+        if method == "closed_form":
+            pe_i, wc_i, bad = _closed_form_draw(S, svd_x[0], y_parts, buffers)
+            return pe_i, (math.nan if bad else 1.0 + p * (pe_i - 1.0) / (n - p)), wc_i, bad
+        return _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seed)
+
+    buffers = {}  # work arrays reused across draws
     seeds = root.spawn(n_sketches)
     noise_seeds = root.spawn(n_sketches)  # the next children: independent of the sketch seeds
-    boot_seed = root.spawn(1)[0]
-    pe = np.full(n_sketches, math.nan)
-    re = np.full(n_sketches, math.nan)
-    wc = np.full(n_sketches, math.nan) if y is not None else None
-    deficient = np.zeros(n_sketches, dtype=bool)
-    buffers = {}  # work arrays reused across draws
+    draws = np.full((n_sketches, 4), math.nan)  # columns: PE, RE, WC, rank-deficient
     bar = tqdm(total=n_sketches, disable=not progress, desc=f"efficiency[{sketch}, r={r}]", leave=False)
     try:
         for i in range(n_sketches):
-            S = make_sketch(sketch, n, r, seed=seeds[i], **options)
-            if method == "closed_form":
-                pe_i, wc_i, bad = _closed_form_draw(S, U, y_parts, buffers)
-                re_i = math.nan if bad else 1.0 + p * (pe_i - 1.0) / (n - p)
-            else:
-                pe_i, re_i, wc_i, bad = _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seeds[i])
-            deficient[i] = bad
-            pe[i], re[i] = pe_i, re_i
-            if wc is not None:
-                wc[i] = wc_i
+            draws[i] = draw(make_sketch(sketch, n, r, seed=seeds[i], **options), noise_seeds[i])
             bar.update(1)
     finally:
         bar.close()
-
-    rngs = boot_seed.spawn(3)
-    pe_mean, pe_med, pe_ci = _summaries(pe, deficient, rngs[0])
-    re_mean, re_med, re_ci = _summaries(re, deficient, rngs[1])
-    wc_mean = wc_med = wc_ci = None
-    if wc is not None:
-        wc_mean, wc_med, wc_ci = _summaries(wc, deficient, rngs[2])
     shown = {k: v for k, v in sketch_options.items() if k != "scores"}
-    return EfficiencyResult(
+    return _summarise(
+        draws,
+        y is not None,
+        root.spawn(1)[0],
         sketch=sketch,
         n=n,
         p=p,
         sketch_size=r,
         method=method,
+        seed=seed,
+        options=shown,
+    )
+
+
+def _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options) -> int:
+    """Check the sketch family, its size for ``n`` rows, the draw count and the method; return ``r``."""
+    check_sketch_kind(sketch, "sketch")
+    r = check_int(sketch_size, "sketch_size", minimum=1)
+    check_int(n_sketches, "n_sketches", minimum=1)
+    check_option(method, "method", EFFICIENCY_METHODS)
+    if sketch in ("srht", "srdct") and r > n:
+        raise ValueError(f"sketch_size must be <= n = {n} for sketch={sketch!r} (it selects rows), got {r}")
+    if sketch == "uniform" and not sketch_options.get("replace", True) and r > n:
+        raise ValueError(f"sketch_size must be <= n = {n} for uniform sampling without replacement, got {r}")
+    return r
+
+
+def _wc_parts(y, U):
+    """``(y, U.T y, ||y - U U.T y||^2)`` for the worst-case measure, or None without ``y``."""
+    if y is None:
+        return None
+    Uty = U.T @ y
+    rss = float(np.sum((y - U @ Uty) ** 2))
+    if rss <= (np.finfo(np.float64).eps * U.shape[0]) ** 2 * float(y @ y) or rss == 0.0:
+        raise ValueError("y lies in the column space of X: its OLS residual is zero, C_WC is undefined")
+    return y, Uty, rss
+
+
+def _summarise(draws, with_wc, boot_seed, **fields) -> EfficiencyResult:
+    """Means, medians and BCa intervals of the per-draw measures (rank-deficient draws left out)."""
+    pe, re, wc = draws[:, 0].copy(), draws[:, 1].copy(), draws[:, 2].copy() if with_wc else None
+    deficient = draws[:, 3] != 0
+    rngs = boot_seed.spawn(3)
+    pe_mean, pe_med, pe_ci = _summaries(pe, deficient, rngs[0])
+    re_mean, re_med, re_ci = _summaries(re, deficient, rngs[1])
+    wc_mean = wc_med = wc_ci = None
+    if with_wc:
+        wc_mean, wc_med, wc_ci = _summaries(wc, deficient, rngs[2])
+    return EfficiencyResult(
         pe_draws=pe,
         re_draws=re,
         wc_draws=wc,
@@ -531,6 +545,5 @@ def efficiency(
         pe_ci=pe_ci,
         re_ci=re_ci,
         wc_ci=wc_ci,
-        seed=seed,
-        options=shown,
+        **fields,
     )

@@ -8,11 +8,12 @@
 ['The capital of France is Paris.']
 """
 
-from .api import LoadedModel, generate, load_model
+from .api import generate
 from .config import LlamaConfig
 from .cost_model import CostModel, DraftBudget
-from .drafters import Drafter, DraftModelDrafter, LLMADrafter, PromptLookupDrafter
+from .drafters import Drafter, DraftModelDrafter, LLMADrafter, PromptLookupDrafter, Proposal
 from .kv_cache import KVCache
+from .loading import LoadedModel, load_model
 from .model import Model, PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams
@@ -30,6 +31,7 @@ __all__ = [
     "SamplingParams",
     "Tokenizer",
     "Drafter",
+    "Proposal",
     "LLMADrafter",
     "PromptLookupDrafter",
     "DraftModelDrafter",

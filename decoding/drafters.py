@@ -1,17 +1,20 @@
 """Drafters for speculative decoding: LLMA copy-from-reference, prompt lookup, and a draft model.
 
-One small interface, :class:`Drafter`. The speculative loop calls
+One small interface, the abstract :class:`Drafter` (after vLLM's ``SpeculativeProposer``). The
+speculative loop calls
 
 - ``begin(prompts, references, sampling, rng, max_new_tokens, max_active)`` once per ``generate``
   call (``prompts`` are the prompt ids of every sample, ``references`` one token array per sample
   or None, ``max_active`` how many samples at most run at once: fewer than the prompts under
   continuous batching);
+- ``pending(contexts, samples)`` before drafting, when the draft budget counts the drafter's
+  cost: the tokens each sample's drafter must feed before its first draft token (None: drafting
+  is free, the default);
 - ``propose(contexts, max_lens, samples)`` once per step: ``contexts[j]`` is the whole token
-  history (prompt and generated tokens) of sample ``samples[j]``; the answer is one int array per
-  sample of at most ``max_lens[j]`` draft tokens (possibly empty, lengths may differ);
-- ``proposal_probs`` after ``propose``: None for deterministic drafters (a one-hot proposal
-  distribution, which is what speculative sampling then assumes), else one ``[n_j, V]`` array of
-  the distributions the drafts were drawn from;
+  history (prompt and generated tokens) of sample ``samples[j]``; the answer is a
+  :class:`Proposal` (after vLLM's ``SpeculativeProposals``) of one int array per sample of at
+  most ``max_lens[j]`` draft tokens (possibly empty, lengths may differ) and, for a drafter that
+  samples, the distributions they were drawn from;
 - ``end(sample)`` when a sample finishes.
 
 A drafter never needs an explicit rollback hook here: the draft model compares the context it is
@@ -21,21 +24,82 @@ fall off), so accepting and rolling back are the same operation.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from .loading import load_model
+from .model import Model, PackedBatch
 from .sampling import SamplingParams, filtered_probs
 
-__all__ = ["Drafter", "LLMADrafter", "PromptLookupDrafter", "DraftModelDrafter", "make_drafter"]
+__all__ = [
+    "Proposal",
+    "Drafter",
+    "LLMADrafter",
+    "PromptLookupDrafter",
+    "DraftModelDrafter",
+    "make_drafter",
+    "DRAFTERS",
+]
+
+#: The drafter names :func:`make_drafter` (and ``generate(drafter=...)``) takes.
+DRAFTERS = ("llma", "prompt_lookup", "draft_model")
 
 
-class Drafter:
-    """Base class: proposes nothing (speculative decoding then degenerates to autoregressive)."""
+@dataclass(frozen=True)
+class Proposal:
+    """What a :class:`Drafter` proposes in one step, one entry per sample asked.
 
-    name = "none"
+    Attributes
+    ----------
+    tokens : list of int arrays
+        The draft of each sample (possibly empty; lengths may differ).
+    probs : list of float arrays [n_j, V], or None
+        The distributions the drafts were drawn from (speculative sampling needs them); None for
+        a deterministic drafter, whose proposal distribution is one-hot at each draft token.
 
-    def begin(
+    Examples
+    --------
+    >>> p = Proposal([np.array([4, 5]), np.array([], dtype=np.int64)])
+    >>> p.lengths.tolist(), p.probs is None
+    ([2, 0], True)
+    """
+
+    tokens: list
+    probs: list | None = None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Draft tokens per sample, ``[len(tokens)]``."""
+        return np.array([len(t) for t in self.tokens], dtype=np.int64)
+
+
+class Drafter(abc.ABC):
+    """Proposes draft tokens for the samples of a speculative batch (see the module docstring).
+
+    Subclasses implement :meth:`propose`; :meth:`begin`, :meth:`pending` and :meth:`end` are
+    hooks with defaults (nothing to set up, drafting costs nothing, nothing to free).
+
+    Attributes
+    ----------
+    name : str
+        Shown as ``GenerationResult.stats["drafter"]``.
+
+    Examples
+    --------
+    >>> class RepeatLast(Drafter):  # proposes the last token again, as often as allowed
+    ...     name = "repeat"
+    ...     def propose(self, contexts, max_lens, samples):
+    ...         return Proposal([np.repeat(c[-1:], k) for c, k in zip(contexts, max_lens)])
+    >>> RepeatLast().propose([np.array([1, 2]), np.array([3])], [3, 1], [0, 1]).tokens
+    [array([2, 2, 2]), array([3])]
+    """
+
+    name = "drafter"
+
+    def begin(  # noqa: B027 (a hook: nothing to set up by default)
         self,
         prompts,
         references=None,
@@ -44,13 +108,20 @@ class Drafter:
         max_new_tokens=512,
         max_active=None,
     ) -> None:
-        self.proposal_probs = None
+        """Start a ``generate`` call over ``prompts`` (one token array per sample)."""
 
-    def propose(self, contexts: Sequence[np.ndarray], max_lens: Sequence[int], samples: Sequence[int]):
-        return [np.zeros(0, dtype=np.int64) for _ in contexts]
+    def pending(self, contexts: Sequence[np.ndarray], samples: Sequence[int]) -> np.ndarray | None:
+        """Tokens each sample's drafter must feed before its first draft token; None: none (free)."""
+        return None
 
-    def end(self, sample: int) -> None:
-        pass
+    @abc.abstractmethod
+    def propose(
+        self, contexts: Sequence[np.ndarray], max_lens: Sequence[int], samples: Sequence[int]
+    ) -> Proposal:
+        """Drafts of at most ``max_lens[j]`` tokens after ``contexts[j]``, sample ``samples[j]``."""
+
+    def end(self, sample: int) -> None:  # noqa: B027 (a hook: nothing to free by default)
+        """Sample ``sample`` finished (free what it holds)."""
 
 
 def _match_and_copy(ref: np.ndarray, key: np.ndarray, limit: int, copy_len: int, prefer_from: int):
@@ -86,7 +157,7 @@ class LLMADrafter(Drafter):
     --------
     >>> d = LLMADrafter(match_len=2, copy_len=3)
     >>> d.begin([np.array([9])], references=[np.array([1, 2, 3, 4, 5, 6])])
-    >>> [x.tolist() for x in d.propose([np.array([9, 7, 2, 3])], [7], [0])]
+    >>> [x.tolist() for x in d.propose([np.array([9, 7, 2, 3])], [7], [0]).tokens]
     [[4, 5, 6]]
     """
 
@@ -102,7 +173,6 @@ class LLMADrafter(Drafter):
     def begin(
         self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
     ) -> None:
-        self.proposal_probs = None
         if references is None:
             references = prompts
         if len(references) != len(prompts):
@@ -129,7 +199,7 @@ class LLMADrafter(Drafter):
             if a >= 0:
                 self._cursor[s] = a + 1
             out.append(np.array(draft, dtype=np.int64))
-        return out
+        return Proposal(out)
 
 
 class PromptLookupDrafter(LLMADrafter):
@@ -141,7 +211,7 @@ class PromptLookupDrafter(LLMADrafter):
     --------
     >>> d = PromptLookupDrafter(match_len=2, copy_len=2)
     >>> d.begin([np.array([1, 2, 3, 4])])
-    >>> [x.tolist() for x in d.propose([np.array([1, 2, 3, 4, 9, 1, 2])], [5], [0])]
+    >>> [x.tolist() for x in d.propose([np.array([1, 2, 3, 4, 9, 1, 2])], [5], [0]).tokens]
     [[3, 4]]
     """
 
@@ -150,7 +220,6 @@ class PromptLookupDrafter(LLMADrafter):
     def begin(
         self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
     ) -> None:
-        self.proposal_probs = None
         self._cursor = [0] * len(prompts)
 
     def _reference(self, sample, context):
@@ -175,16 +244,19 @@ class DraftModelDrafter(Drafter):
         GGUF path loaded with :func:`decoding.load_model`; it must share the target's vocabulary.
     max_draft : int
         Upper bound of the steps per proposal (the loop's ``max_draft`` caps it further).
+
+    Examples
+    --------
+    >>> d = DraftModelDrafter(target.truncated(8), max_draft=4)  # doctest: +SKIP
+    >>> d.begin([np.array(tok.encode("Hi"))])  # doctest: +SKIP
+    >>> d.propose([np.array(tok.encode("Hi"))], [4], [0]).lengths.tolist()  # doctest: +SKIP
+    [4]
     """
 
     name = "draft_model"
 
     def __init__(self, model, max_draft: int = 4):
-        from .model import Model
-
         if not isinstance(model, Model):
-            from .api import load_model
-
             model = load_model(model).model
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
@@ -193,7 +265,6 @@ class DraftModelDrafter(Drafter):
     def begin(
         self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
     ) -> None:
-        self.proposal_probs = None
         self._sampling = sampling or SamplingParams()
         self._rng = rng if rng is not None else np.random.default_rng(0)
         cap = max(len(p) for p in prompts) + int(max_new_tokens) + self.max_draft + 1
@@ -210,93 +281,85 @@ class DraftModelDrafter(Drafter):
             self._held[sample] = np.zeros(0, dtype=np.int64)
         return self._seq[sample]
 
+    def _kept(self, sample: int, ctx) -> int:
+        """How much of ``ctx`` the sample's draft cache holds (always feed the last context token)."""
+        held = self._held.get(sample, np.zeros(0, dtype=np.int64))
+        m = min(held.size, len(ctx) - 1)
+        neq = np.flatnonzero(held[:m] != np.asarray(ctx[:m]))
+        return int(neq[0]) if neq.size else m
+
     def pending(self, contexts, samples) -> np.ndarray:
         """Tokens each sample's draft cache lacks of its context (what a proposal must feed first)."""
-        out = np.empty(len(contexts), dtype=np.int64)
-        for j, (ctx, s) in enumerate(zip(contexts, samples, strict=True)):
-            held = self._held.get(s, np.zeros(0, dtype=np.int64))
-            m = min(held.size, len(ctx) - 1)
-            neq = np.flatnonzero(held[:m] != np.asarray(ctx[:m]))
-            out[j] = len(ctx) - (int(neq[0]) if neq.size else m)
-        return out
+        return np.array([len(c) - self._kept(s, c) for c, s in zip(contexts, samples, strict=True)], np.int64)
 
     def end(self, sample: int) -> None:
         if sample in self._seq:
             self._cache.release(self._seq.pop(sample))
             del self._held[sample]
 
-    def propose(self, contexts, max_lens, samples):
-        n_out = len(contexts)
-        out = [np.zeros(0, dtype=np.int64) for _ in range(n_out)]
-        probs: list = [None] * n_out
-        js = [j for j in range(n_out) if min(int(max_lens[j]), self.max_draft) > 0]
+    def _draw(self, logits):
+        """Next draft token of each row ``[n]`` and, when sampling, the distributions ``[n, V]``."""
+        if self._sampling.greedy:
+            return np.argmax(logits, axis=-1), None
+        sp = self._sampling
+        q = filtered_probs(logits, sp.temperature, sp.top_k, sp.top_p)  # [n, V]
+        u = self._rng.random(q.shape[0])[:, None]
+        cdf = np.cumsum(q, axis=-1)
+        return np.minimum((cdf < u * cdf[:, -1:]).sum(axis=-1), q.shape[1] - 1), q
+
+    def propose(self, contexts, max_lens, samples) -> Proposal:
+        greedy = self._sampling.greedy
+        out = [np.zeros(0, dtype=np.int64) for _ in contexts]
+        steps = [min(int(k), self.max_draft) for k in max_lens]
+        js = [j for j in range(len(contexts)) if steps[j] > 0]  # the samples drafting
         if not js:
-            self.proposal_probs = None if self._sampling.greedy else [np.zeros((0, 0))] * n_out
-            return out
-        feeds = []
+            return Proposal(out, None if greedy else [np.zeros((0, 0))] * len(contexts))
+        feeds = []  # roll each draft cache back to what it shares with the context, feed the rest
         for j in js:
             s, ctx = samples[j], np.asarray(contexts[j], dtype=np.int64)
             self._region(s)
-            held = self._held[s]
-            m = min(held.size, ctx.size - 1)  # always feed at least the last context token
-            neq = np.flatnonzero(held[:m] != ctx[:m])
-            lcp = int(neq[0]) if neq.size else m
+            lcp = self._kept(s, ctx)
             self._cache.truncate(self._seq[s], lcp)
             feeds.append(ctx[lcp:])
             self._held[s] = ctx
-        steps = np.array([min(int(max_lens[j]), self.max_draft) for j in js])
         live = list(range(len(js)))  # indices into js still drafting
-        drafts = [[] for _ in js]
-        qs = [[] for _ in js]
-        for step in range(int(steps.max())):
-            seq_ids = np.array([self._seq[samples[js[t]]] for t in live])
-            if step == 0:
-                toks = [feeds[t] for t in live]
-            else:
-                toks = [np.array([drafts[t][-1]]) for t in live]
-            counts = np.array([len(x) for x in toks])
+        drafts, qs = [[] for _ in js], [[] for _ in js]
+        for step in range(max(steps)):
+            toks = feeds if step == 0 else [drafts[t][-1:] for t in live]
+            seq_ids = [self._seq[samples[js[t]]] for t in live]
             logits = self.model.forward(
-                np.concatenate(toks),
-                cache=self._cache,
-                seq_ids=seq_ids,
-                cu_seqlens=np.concatenate([[0], np.cumsum(counts)]),
-                logits="last",
+                PackedBatch.from_lists(toks, seq_ids=seq_ids), cache=self._cache, logits="last"
             )  # [len(live), V]
-            if self._sampling.greedy:
-                nxt = np.argmax(logits, axis=-1)
-            else:
-                sp = self._sampling
-                q = filtered_probs(logits, sp.temperature, sp.top_k, sp.top_p)  # [len(live), V]
-                u = self._rng.random(q.shape[0])[:, None]
-                cdf = np.cumsum(q, axis=-1)
-                nxt = np.minimum((cdf < u * cdf[:, -1:]).sum(axis=-1), q.shape[1] - 1)
+            nxt, q = self._draw(logits)
             for r, t in enumerate(live):
                 drafts[t].append(int(nxt[r]))
-                if not self._sampling.greedy:
+                if q is not None:
                     qs[t].append(q[r])
-            live = [t for t in live if len(drafts[t]) < steps[t]]
+            live = [t for t in live if len(drafts[t]) < steps[js[t]]]
             if not live:
                 break
+        V = self.model.config.vocab_size
+        probs = None if greedy else [np.zeros((0, V)) for _ in contexts]
         for t, j in enumerate(js):
-            s = samples[j]
-            d = np.array(drafts[t], dtype=np.int64)
-            out[j] = d
+            out[j] = np.array(drafts[t], dtype=np.int64)
             # the cache now holds the context plus all drafts but the last
-            self._held[s] = np.concatenate([self._held[s], d[:-1]])
-            if not self._sampling.greedy:
+            self._held[samples[j]] = np.concatenate([self._held[samples[j]], out[j][:-1]])
+            if not greedy:
                 probs[j] = np.array(qs[t])
-        if self._sampling.greedy:
-            self.proposal_probs = None
-        else:
-            V = self.model.config.vocab_size
-            self.proposal_probs = [p if p is not None else np.zeros((0, V)) for p in probs]
-        return out
+        return Proposal(out, probs)
 
 
 def make_drafter(drafter, target=None, *, max_draft: int = 7) -> Drafter:
     """A :class:`Drafter` from a name (``"llma"``, ``"prompt_lookup"``, ``"draft_model"``) or itself.
 
     ``"draft_model"`` is the self-speculative ``target.truncated(n_layers // 4)`` (at least one layer).
+
+    Examples
+    --------
+    >>> make_drafter("llma", max_draft=3).copy_len
+    3
+    >>> make_drafter("draft_model", target, max_draft=3).model.n_layers  # doctest: +SKIP
+    7
     """
     if isinstance(drafter, Drafter):
         return drafter

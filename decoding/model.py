@@ -50,6 +50,9 @@ class Layer:
 class PackedBatch:
     """The engine's one currency: new tokens of ``B`` sequences packed into one array.
 
+    Every forward of the engine takes one: prefill, decode steps, EMS-SD verification, the padded
+    vanilla layout (pads included, with their own ``positions``) and the draft model's steps.
+
     Attributes
     ----------
     tokens : int array [T]
@@ -57,30 +60,35 @@ class PackedBatch:
         Cache sequence of each packed sequence (distinct).
     cu_seqlens : int array [B + 1]
         Prefix sums of the new-token counts; sequence ``b`` owns ``tokens[cu_seqlens[b]:cu_seqlens[b+1]]``.
-    positions : int array [T]
-        RoPE position of every token (usually cache length + offset; a padded layout passes the
-        real positions of its tokens).
+    positions : int array [T] or None
+        RoPE position of every token; None: each sequence's cache length plus the token's offset
+        (the usual case; a padded layout passes the real positions of its tokens).
 
     Examples
     --------
     >>> pb = PackedBatch.from_lists([[5, 6, 7], [8]], seq_ids=[0, 1], start_positions=[0, 4])
     >>> pb.cu_seqlens.tolist(), pb.positions.tolist()
     ([0, 3, 4], [0, 1, 2, 4])
+    >>> PackedBatch.from_lists([[5, 6], [8]], seq_ids=[0, 1]).positions is None  # from the cache
+    True
     """
 
     tokens: np.ndarray
     seq_ids: np.ndarray
     cu_seqlens: np.ndarray
-    positions: np.ndarray
+    positions: np.ndarray | None = None
 
     @classmethod
-    def from_lists(cls, token_lists, *, seq_ids, start_positions) -> PackedBatch:
+    def from_lists(cls, token_lists, *, seq_ids, start_positions=None) -> PackedBatch:
+        """Pack one token list per sequence; positions run on from ``start_positions`` (None: the cache's)."""
         counts = np.array([len(t) for t in token_lists], dtype=np.int64)
         cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])
-        pos = np.concatenate(
-            [p + np.arange(n, dtype=np.int64) for p, n in zip(start_positions, counts, strict=True)]
-        )
+        pos = None
+        if start_positions is not None:
+            pos = np.concatenate(
+                [p + np.arange(n, dtype=np.int64) for p, n in zip(start_positions, counts, strict=True)]
+            )
         return cls(tokens, np.asarray(seq_ids, dtype=np.int64), cu, pos)
 
 
@@ -101,7 +109,7 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     NumPy with the kernel on: :func:`decoding.kernels.linear` (the few-row kernel, in row
     blocks). Otherwise (the kernel switched off, or CuPy) up to 64 rows, GEMM would pack the
     whole 113 MB head for the call, tripling its memory traffic; running it over row blocks of
-    ``w`` that fit in cache reads the head from memory once (about 2x faster).
+    ``w`` that fit in cache reads the head from memory once.
     """
     N = h.shape[0]
     if N <= kernels.FEW_ROWS or N > 64:

@@ -28,16 +28,28 @@ output distribution exactly the target's. Deterministic drafters have a one-hot 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from .autoregressive import SlotQueue, StreamState, check_max_batch, emit_tokens
 from .cost_model import CostModel, DraftBudget
 from .drafters import Drafter, DraftModelDrafter, make_drafter
+from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, filtered_probs, sample
+from .scheduling import Outputs, SlotQueue, check_max_batch
 
-__all__ = ["speculative_generate", "prepare_speculative", "verify_greedy", "verify_sampling", "LAYOUTS"]
+__all__ = [
+    "speculative_generate",
+    "prepare_speculative",
+    "packed_step",
+    "padded_step",
+    "SpeculativeStats",
+    "verify_greedy",
+    "verify_sampling",
+    "LAYOUTS",
+]
 
 LAYOUTS = ("ems", "vanilla")
 PAD_ID = 0  # token id fed at pad positions of the vanilla layout (their results are never used)
@@ -91,10 +103,51 @@ def verify_sampling(logits: np.ndarray, draft: np.ndarray, sampling: SamplingPar
     return draft.size, [int(t) for t in draft] + [_draw(p[draft.size], rng)]
 
 
+def _references(tokenizer, references, n_prompts: int):
+    """One int array per prompt from ``references`` (texts or token ids), or None."""
+    if references is None:
+        return None
+    if isinstance(references, str) or len(references) != n_prompts:
+        raise ValueError(f"references must be a list with one entry per prompt ({n_prompts})")
+    refs = []
+    for i, r in enumerate(references):
+        if isinstance(r, str):
+            refs.append(np.array(tokenizer.encode(r), dtype=np.int64))
+        elif isinstance(r, (list, tuple, np.ndarray)):
+            refs.append(np.asarray(r, dtype=np.int64).reshape(-1))
+        else:
+            raise TypeError(f"references[{i}] must be a str or a list of token ids, got {type(r).__name__}")
+    return refs
+
+
+def _draft_budget(draft_budget, model, drafter: Drafter) -> DraftBudget | None:
+    """The :class:`DraftBudget` that ``draft_budget`` names ("auto" measures the cost models)."""
+    if draft_budget is None or isinstance(draft_budget, DraftBudget):
+        return draft_budget
+    if isinstance(draft_budget, CostModel) or (isinstance(draft_budget, str) and draft_budget == "auto"):
+        target_cost = draft_budget if isinstance(draft_budget, CostModel) else CostModel.for_model(model)
+        draft_cost = CostModel.for_model(drafter.model) if isinstance(drafter, DraftModelDrafter) else None
+        return DraftBudget(target_cost, draft_cost)
+    raise ValueError(f"draft_budget must be 'auto', None, a DraftBudget or a CostModel, got {draft_budget!r}")
+
+
 def prepare_speculative(
     model, tokenizer, prompt_ids, *, drafter, max_draft, references, draft_budget, max_new_tokens
 ) -> dict:
-    """Validate the speculative arguments of :func:`decoding.generate`; the keywords of the loop."""
+    """Validate the speculative arguments of :func:`decoding.generate`; the keywords of the loop.
+
+    Returns
+    -------
+    dict
+        ``drafter``, ``max_draft``, ``references`` and ``budget`` for :func:`speculative_generate`.
+
+    Examples
+    --------
+    >>> kw = prepare_speculative(None, None, [[1, 2]], drafter="llma", max_draft=3, references=None,
+    ...                          draft_budget=None, max_new_tokens=8)
+    >>> kw["drafter"].name, kw["max_draft"], kw["budget"]
+    ('llma', 3, None)
+    """
     if isinstance(max_draft, bool) or not isinstance(max_draft, (int, np.integer)):
         raise TypeError(f"max_draft must be an integer, got {type(max_draft).__name__}")
     if max_draft < 0:
@@ -105,33 +158,224 @@ def prepare_speculative(
             f"the draft model's vocabulary ({d.model.config.vocab_size}) differs from the target's "
             f"({model.config.vocab_size})"
         )
-    refs = None
-    if references is not None:
-        if isinstance(references, str) or len(references) != len(prompt_ids):
-            raise ValueError(f"references must be a list with one entry per prompt ({len(prompt_ids)})")
-        refs = []
-        for i, r in enumerate(references):
-            if isinstance(r, str):
-                refs.append(np.array(tokenizer.encode(r), dtype=np.int64))
-            elif isinstance(r, (list, tuple, np.ndarray)):
-                refs.append(np.asarray(r, dtype=np.int64).reshape(-1))
-            else:
-                raise TypeError(
-                    f"references[{i}] must be a str or a list of token ids, got {type(r).__name__}"
-                )
-    if draft_budget is None:
-        budget = None
-    elif isinstance(draft_budget, DraftBudget):
-        budget = draft_budget
-    elif isinstance(draft_budget, CostModel) or (isinstance(draft_budget, str) and draft_budget == "auto"):
-        target_cost = draft_budget if isinstance(draft_budget, CostModel) else CostModel.for_model(model)
-        draft_cost = CostModel.for_model(d.model) if isinstance(d, DraftModelDrafter) else None
-        budget = DraftBudget(target_cost, draft_cost)
-    else:
-        raise ValueError(
-            f"draft_budget must be 'auto', None, a DraftBudget or a CostModel, got {draft_budget!r}"
+    refs = _references(tokenizer, references, len(prompt_ids))
+    return dict(
+        drafter=d, max_draft=int(max_draft), references=refs, budget=_draft_budget(draft_budget, model, d)
+    )
+
+
+@dataclass
+class SpeculativeStats:
+    """The counters of one speculative call; :meth:`as_dict` gives ``GenerationResult.stats``.
+
+    Attributes
+    ----------
+    accepted, rejected : float arrays [B]
+        Per sample: accepted draft tokens and rejection events, shadow checks included (what the
+        draft budget's acceptance estimates learn from).
+    forwards : int
+        Verification forwards.
+    computed, padded : int
+        Tokens in those forwards (pads included), and of which pads.
+    draft_tokens, accepted_tokens : int
+        Draft tokens verified, and accepted, over all sample-steps.
+    sample_steps : int
+    trimmed : int
+        Draft tokens proposed but dropped by the budget.
+    shadow_checks : int
+        Trimmed draft tokens checked against the target's token at no cost.
+
+    Examples
+    --------
+    >>> st = SpeculativeStats.for_samples(2)
+    >>> st.record(0, accepted=2, verified=3)
+    >>> st.record(1, accepted=1, verified=1)
+    >>> st.forward(computed=6)
+    >>> d = st.as_dict()
+    >>> d["mean_accepted"], d["acceptance_rate"], st.rejected.tolist()
+    (1.5, 0.75, [1.0, 0.0])
+    """
+
+    accepted: np.ndarray
+    rejected: np.ndarray
+    forwards: int = 0
+    computed: int = 0
+    padded: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    sample_steps: int = 0
+    trimmed: int = 0
+    shadow_checks: int = 0
+
+    @classmethod
+    def for_samples(cls, n: int) -> SpeculativeStats:
+        return cls(np.zeros(n), np.zeros(n))
+
+    def record(self, i: int, *, accepted: int, verified: int) -> None:
+        """Sample ``i`` accepted ``accepted`` of its ``verified`` draft tokens this step."""
+        self.accepted_tokens += accepted
+        self.draft_tokens += verified
+        self.sample_steps += 1
+        self.accepted[i] += accepted
+        self.rejected[i] += int(accepted < verified)
+
+    def shadow(self, i: int, hit: bool) -> None:
+        """A free check of sample ``i``'s first trimmed draft token: accepted (``hit``) or not."""
+        self.accepted[i] += hit
+        self.rejected[i] += not hit
+        self.shadow_checks += 1
+
+    def forward(self, *, computed: int, padded: int = 0) -> None:
+        """One verification forward of ``computed`` tokens, ``padded`` of them pads."""
+        self.forwards += 1
+        self.computed += computed
+        self.padded += padded
+
+    def as_dict(self) -> dict:
+        def ratio(a, b):
+            return a / b if b else float("nan")
+
+        return dict(
+            verify_forwards=self.forwards,
+            sample_steps=self.sample_steps,
+            mean_accepted=ratio(self.accepted_tokens, self.sample_steps),
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            acceptance_rate=ratio(self.accepted_tokens, self.draft_tokens),
+            tokens_per_forward=ratio(self.computed, self.forwards),
+            padding_fraction=self.padded / self.computed if self.computed else 0.0,
+            budget_trimmed=self.trimmed,
+            budget_shadow_checks=self.shadow_checks,
         )
-    return dict(drafter=d, max_draft=int(max_draft), references=refs, budget=budget)
+
+
+@dataclass(frozen=True)
+class _Drafts:
+    """One step's drafts: ``verified`` (what the target checks), ``proposed`` (before the budget
+    trimmed them: the trimmed tails still teach it), ``probs`` (the drafter's, or None)."""
+
+    verified: list
+    proposed: list
+    probs: list | None = None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([d.size for d in self.verified], dtype=np.int64)
+
+
+def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
+    """Ask the drafter for each active sample's drafts and cut them to the room and the budget."""
+    room = np.minimum(max_draft, left - 1)
+    alphas = None
+    if budget is not None:
+        # pooled over every sample of the call, finished ones included: the prior of a sample with
+        # little history (a newcomer under continuous batching) is the task's rate so far
+        alphas = budget.alphas(stats.accepted, stats.rejected)[active]
+        if budget.draft_cost is not None:  # plan before drafting: it costs
+            setup = drafter.pending(contexts, active)
+            plan = budget.allocate(
+                alphas, room, padded=padded, include_draft_cost=True, setup=setup, remaining=horizon
+            )
+            room = np.minimum(room, plan)
+    proposal = drafter.propose(contexts, room, active)
+    proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
+    drafts = _Drafts(proposed, proposed, proposal.probs)
+    if budget is not None and drafts.lengths.sum():
+        keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon)
+        stats.trimmed += int((drafts.lengths - keep).sum())
+        drafts = _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed, proposal.probs)
+    return drafts
+
+
+def _judge(rows, *, drafts: _Drafts, active, verify, sampling, rng, stats) -> list[tuple[int, list[int]]]:
+    """Verify each sample's draft against its logits ``rows[j]``: ``(accepted count m, m + 1 tokens)``."""
+    results = []
+    for j, i in enumerate(active):
+        d, n = drafts.verified[j], int(drafts.lengths[j])
+        m, new = verify(rows[j], d, sampling, None if drafts.probs is None else drafts.probs[j][:n], rng)
+        results.append((m, new))
+        stats.record(i, accepted=m, verified=n)
+        if m == n and drafts.proposed[j].size > m and drafts.probs is None:
+            # A shadow check, free: the token the target chose after the last verified draft
+            # token is the one the first trimmed draft token would have been checked against
+            # (for a deterministic drafter, accepted iff equal, greedy or sampled). Without it
+            # a sample the budget never drafts for never shows that its drafts would pay.
+            stats.shadow(i, new[-1] == int(drafts.proposed[j][m]))
+    return results
+
+
+def packed_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: SpeculativeStats):
+    """One EMS-SD verification step: no pad in the inputs or in the cache.
+
+    Sample ``j``'s last accepted token ``last[j]`` and its drafts ``drafts[j]`` (``n_j`` tokens)
+    are packed with the others into one forward; ``judge(rows)`` verifies the logits of each
+    sample (``rows[j]``: ``[1 + n_j, V]``) and returns ``(m_j, new tokens)`` per sample; each
+    sample's cache then keeps its own ``npos[j] + 1 + m_j`` tokens (a rollback is
+    :meth:`KVCache.truncate`). Returns what ``judge`` returned.
+
+    Examples
+    --------
+    >>> results = packed_step(model, cache, seq[active], npos[active], last, drafts,
+    ...                       judge, stats)  # doctest: +SKIP
+    """
+    batch = PackedBatch.from_lists([np.r_[t, d] for t, d in zip(last, drafts, strict=True)], seq_ids=seq_ids)
+    logits = model.forward(batch, cache=cache, logits="all")  # [sum(1 + n_j), V]
+    cu = batch.cu_seqlens
+    results = judge([logits[cu[j] : cu[j + 1]] for j in range(len(drafts))])
+    for s, p, (m, _) in zip(seq_ids, npos, results, strict=True):
+        cache.truncate(int(s), int(p) + 1 + int(m))
+    stats.forward(computed=int(cu[-1]))
+    return results
+
+
+def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: SpeculativeStats, key_valid):
+    """One vanilla verification step: inputs padded to ``1 + longest draft``, the cache kept aligned.
+
+    As :func:`packed_step`, but every sample feeds ``W = 1 + max n_j`` tokens (pads after its
+    drafts, at harmless positions, hidden by ``key_valid``), and every sample's cache grows by
+    ``1 + max m_j``: the entries beyond its own accepted count (rejected drafts and pads) stay in
+    the cache as pad slots, marked False in ``key_valid`` ``[max_seqs, capacity]``.
+
+    Examples
+    --------
+    >>> results = padded_step(model, cache, seq[active], npos[active], last, drafts,
+    ...                       judge, stats, key_valid)  # doctest: +SKIP
+    """
+    A, n = len(drafts), np.array([d.size for d in drafts], dtype=np.int64)
+    W = 1 + int(n.max())
+    L = int(cache.lengths[seq_ids[0]])  # common (aligned) cache length
+    toks = np.full((A, W), PAD_ID, dtype=np.int64)
+    for j in range(A):
+        toks[j, 0] = last[j]
+        toks[j, 1 : 1 + n[j]] = drafts[j]
+    key_valid[seq_ids, L : L + W] = np.arange(W)[None, :] < (1 + n)[:, None]
+    batch = PackedBatch.from_lists(toks, seq_ids=seq_ids, start_positions=npos)  # [A W]
+    logits = model.forward(batch, cache=cache, logits="all", key_valid=key_valid)
+    results = judge([logits[j * W : j * W + 1 + n[j]] for j in range(A)])
+    K = 1 + max(int(m) for m, _ in results)  # every sample's cache grows by the longest accepted count
+    for s, (m, _) in zip(seq_ids, results, strict=True):
+        key_valid[int(s), L + 1 + int(m) : L + K] = False  # rejected drafts and pads stay as pads
+        cache.truncate(int(s), L + K)
+    stats.forward(computed=A * W, padded=A * W - int((1 + n).sum()))
+    return results
+
+
+def _padded_prefill(model, cache, queue: SlotQueue, seq, prompts, key_valid):
+    """Vanilla's prefill: every prompt left-padded to the longest; pads written to the cache and masked."""
+    t0 = time.perf_counter()
+    admitted = queue.take(cache, seq)  # every prompt (max_batch is not below B here)
+    lens = np.array([p.size for p in prompts], dtype=np.int64)
+    P, pads = int(lens.max()), int(lens.max()) - lens
+    toks = np.concatenate([np.r_[np.full(n, PAD_ID), p] for n, p in zip(pads, prompts, strict=True)])
+    pos = np.concatenate(
+        [np.r_[np.zeros(n, np.int64), np.arange(m)] for n, m in zip(pads, lens, strict=True)]
+    )
+    for b in range(len(prompts)):
+        key_valid[seq[b], : pads[b]] = False
+    batch = PackedBatch(toks, seq, np.arange(len(prompts) + 1) * P, pos)
+    logits = model.forward(batch, cache=cache, logits="last", key_valid=key_valid)
+    queue.record(time.perf_counter() - t0)
+    return admitted, logits
 
 
 def speculative_generate(
@@ -161,6 +405,7 @@ def speculative_generate(
     max_draft : int
         At most this many draft tokens per sample and step.
     layout : {"ems", "vanilla"}
+        Each step is a :func:`packed_step` (EMS-SD) or a :func:`padded_step` (vanilla).
     budget : DraftBudget or None
         Caps the verified draft tokens per step (None: verify whatever the drafter proposes).
     references : list of token arrays, optional
@@ -178,212 +423,78 @@ def speculative_generate(
     -------
     GenerationResult
         With ``method`` the layout, and the speculative statistics (mean accepted draft tokens
-        per sample and step, target forwards, tokens computed per forward, padding fraction).
+        per sample and step, target forwards, tokens computed per forward, padding fraction:
+        :class:`SpeculativeStats`).
+
+    Examples
+    --------
+    >>> res = speculative_generate(model, tok, ids, max_new_tokens=16, sampling=SamplingParams(),
+    ...     stop=[], rng=np.random.default_rng(0), drafter=LLMADrafter())  # doctest: +SKIP
+    >>> res.stats["mean_accepted"]  # doctest: +SKIP
+    1.8
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    vanilla = layout == "vanilla"
+    vanilla, k, B = layout == "vanilla", int(max_draft), len(prompt_ids)
     verify = verifier or (verify_greedy if sampling.greedy else verify_sampling)
-    B = len(prompt_ids)
     queue = SlotQueue(B, check_max_batch(max_batch, n_prompts=B, padded=vanilla))
-    lens = np.array([len(p) for p in prompt_ids], dtype=np.int64)
-    P = int(lens.max())
-    k = int(max_draft)
+    prompts = [np.asarray(p, dtype=np.int64) for p in prompt_ids]
+    npos = np.array([p.size for p in prompts], dtype=np.int64)  # real tokens cached (prompt + accepted)
     # vanilla's aligned cache can grow by up to k + 1 per step even for a sample that gains one token
-    cap = P + max_new_tokens + k + 1 if not vanilla else P + max_new_tokens * (k + 1) + k + 1
+    cap = int(npos.max()) + (max_new_tokens * (k + 1) if vanilla else max_new_tokens) + k + 1
     cache = model.new_cache(max_seqs=queue.slots, capacity=cap)
     seq = np.full(B, -1, dtype=np.int64)
     key_valid = np.ones((B, cap), dtype=bool) if vanilla else None
-    eos = set(int(e) for e in eos_ids)
-    out: list[list[int]] = [[] for _ in range(B)]
-    states = [StreamState(tokenizer, stop) for _ in range(B)]
-    reasons = ["length"] * B
-    prompts_np = [np.asarray(p, dtype=np.int64) for p in prompt_ids]
-    drafter.begin(
-        prompts_np, references, sampling, rng, max_new_tokens=max_new_tokens, max_active=queue.slots
-    )
+    outs = Outputs(tokenizer, B, stop=stop, eos_ids=eos_ids, max_new_tokens=max_new_tokens, stream=stream)
+    stats = SpeculativeStats.for_samples(B)
+    drafter.begin(prompts, references, sampling, rng, max_new_tokens=max_new_tokens, max_active=queue.slots)
 
-    if vanilla:  # left-pad every prompt to the longest; pads are written to the cache and masked
-        t0 = time.perf_counter()
-        admitted = queue.take(cache, seq)  # every prompt (max_batch is not below B here)
-        pads = P - lens
-        toks = np.concatenate(
-            [np.concatenate([np.full(n, PAD_ID), p]) for n, p in zip(pads, prompts_np, strict=True)]
-        )
-        pos = np.concatenate(
-            [np.concatenate([np.zeros(n, np.int64), np.arange(m)]) for n, m in zip(pads, lens, strict=True)]
-        )
-        for b in range(B):
-            key_valid[seq[b], : pads[b]] = False
-        logits = model.forward(
-            toks, cache=cache, seq_ids=seq, cu_seqlens=np.arange(B + 1) * P, positions=pos,
-            logits="last", key_valid=key_valid,
-        )  # fmt: skip
-        queue.record(time.perf_counter() - t0)
-    else:
-        admitted, logits = queue.admit(model, cache, seq, prompt_ids)  # [slots, V]
-    prefill_time = queue.prefill_time
-    npos = lens.copy()  # real tokens cached per sample (prompt + accepted)
-
-    def emit(i: int, toks: list[int]) -> bool:
-        """Append accepted tokens of sample ``i``; True when it finished."""
-        delta, reason = emit_tokens(out[i], states[i], toks, eos, max_new_tokens)
-        if reason is not None:
-            reasons[i] = reason
-        if stream is not None and delta:
-            stream(int(i), delta)
-        return reason is not None
-
-    step_times: list[float] = []
-    n_forwards = 0  # verification forwards
-    computed = 0  # tokens in the verification forwards (pads included)
-    padded = 0  # of which pads
-    accepted_sum = 0  # accepted draft tokens over sample-steps
-    proposed_sum = 0  # draft tokens verified
-    sample_steps = 0
-    acc_n = np.zeros(B)  # per-sample accepted draft tokens (for the budget's estimates)
-    rej_n = np.zeros(B)  # per-sample rejection events
-    trimmed = 0  # draft tokens proposed but dropped by the budget
-    shadow_checks = 0  # trimmed draft tokens checked against the target's token at no cost
+    def finished(i: int, tokens) -> bool:
+        """Emit sample ``i``'s new tokens; when it finished, free its cache region and its drafter."""
+        if not outs.emit(i, tokens):
+            return False
+        cache.release(int(seq[i]))
+        drafter.end(i)
+        return True
 
     def start(new, logits) -> list[int]:
         """Emit the first token of each newly prefilled sample; those still going."""
         first = sample(logits, sampling, rng)
-        going = []
-        for j, i in enumerate(new):
-            if emit(i, [int(first[j])]):
-                cache.release(int(seq[i]))
-                drafter.end(i)
-            else:
-                going.append(i)
-        return going
+        return [i for j, i in enumerate(new) if not finished(i, [int(first[j])])]
 
+    if vanilla:
+        admitted, logits = _padded_prefill(model, cache, queue, seq, prompts, key_valid)
+    else:
+        admitted, logits = queue.admit(model, cache, seq, prompt_ids)  # [slots, V]
+    prefill_time, step_times = queue.prefill_time, []
+    step = partial(padded_step, key_valid=key_valid) if vanilla else packed_step
     decode_start = time.perf_counter()
     active = start(admitted, logits)
     while not active and queue:  # every admitted sample finished at its first token
         active = start(*queue.admit(model, cache, seq, prompt_ids))
     while active:
         t_step = time.perf_counter()
-        A = len(active)
-        left = np.array([max_new_tokens - len(out[i]) for i in active], dtype=np.int64)
-        room = np.minimum(k, left - 1)
-        # pooled over every sample of the call, finished ones included: the prior of a sample with
-        # little history (a newcomer under continuous batching) is the task's rate so far
-        alphas = budget.alphas(acc_n, rej_n)[active] if budget is not None else None
-        horizon = None if queue else left  # prompts waiting: this step's rate (see max_batch)
-        contexts = [np.concatenate([prompts_np[i], np.asarray(out[i], dtype=np.int64)]) for i in active]
-        if budget is not None and budget.draft_cost is not None:  # plan before drafting: it costs
-            setup = drafter.pending(contexts, active) if hasattr(drafter, "pending") else None
-            plan = budget.allocate(
-                alphas, room, padded=vanilla, include_draft_cost=True, setup=setup, remaining=horizon
-            )
-            room = np.minimum(room, plan)
-        drafts = drafter.propose(contexts, room, active)
-        qprobs = drafter.proposal_probs
-        drafts = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(drafts)]
-        n = np.array([d.size for d in drafts], dtype=np.int64)
-        proposed = drafts  # before the budget trims: the trimmed tails still teach it (below)
-        if budget is not None and n.sum():
-            keep = budget.allocate(alphas, n, padded=vanilla, remaining=horizon)
-            trimmed += int((n - keep).sum())
-            drafts = [d[: keep[j]] for j, d in enumerate(drafts)]
-            n = keep
-        act = np.array(active, dtype=np.int64)
-        last = [out[i][-1] for i in active]
-        if vanilla:
-            W = 1 + int(n.max())
-            L = int(cache.lengths[seq[act[0]]])  # common (aligned) cache length
-            toks = np.full((A, W), PAD_ID, dtype=np.int64)
-            for j in range(A):
-                toks[j, 0] = last[j]
-                toks[j, 1 : 1 + n[j]] = drafts[j]
-            pos = npos[act][:, None] + np.arange(W)[None, :]  # [A, W]; pads get harmless positions
-            key_valid[seq[act], L : L + W] = np.arange(W)[None, :] < (1 + n)[:, None]
-            logits = model.forward(
-                toks.reshape(-1), cache=cache, seq_ids=seq[act], cu_seqlens=np.arange(A + 1) * W,
-                positions=pos.reshape(-1), logits="all", key_valid=key_valid,
-            )  # fmt: skip
-            rows = [logits[j * W : j * W + 1 + n[j]] for j in range(A)]
-            computed += A * W
-            padded += A * W - int((1 + n).sum())
-        else:
-            counts = 1 + n
-            cu = np.concatenate([[0], np.cumsum(counts)])
-            toks = np.concatenate([np.concatenate([[last[j]], drafts[j]]) for j in range(A)])
-            logits = model.forward(toks, cache=cache, seq_ids=seq[act], cu_seqlens=cu, logits="all")
-            rows = [logits[cu[j] : cu[j + 1]] for j in range(A)]
-            computed += int(counts.sum())
-        n_forwards += 1
+        left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
+        contexts = [np.r_[prompts[i], np.asarray(outs.tokens[i], dtype=np.int64)] for i in active]
+        drafts = _draft(
+            drafter, budget, contexts, active, left, max_draft=k, padded=vanilla,
+            horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
+        )  # fmt: skip
 
-        results = []
-        for j, i in enumerate(active):
-            q = None if qprobs is None else qprobs[j][: n[j]]
-            m, new = verify(rows[j], drafts[j], sampling, q, rng)
-            results.append((m, new))
-            accepted_sum += m
-            proposed_sum += int(n[j])
-            acc_n[i] += m
-            rej_n[i] += int(m < n[j])
-            if m == n[j] and proposed[j].size > m and qprobs is None:
-                # A shadow check, free: the token the target chose after the last verified draft
-                # token is the one the first trimmed draft token would have been checked against
-                # (for a deterministic drafter, accepted iff equal, greedy or sampled). Without it
-                # a sample the budget never drafts for never shows that its drafts would pay.
-                hit = new[-1] == int(proposed[j][m])
-                acc_n[i] += hit
-                rej_n[i] += not hit
-                shadow_checks += 1
-        sample_steps += A
-        ms = np.array([m for m, _ in results], dtype=np.int64)
-        if vanilla:
-            K = 1 + int(ms.max())  # every sample's cache grows by the longest accepted count
-            for j in range(A):
-                s = int(seq[act[j]])
-                key_valid[s, L + 1 + ms[j] : L + K] = False  # rejected drafts and pads stay as pads
-                cache.truncate(s, L + K)
-        else:
-            for j in range(A):
-                s = int(seq[act[j]])
-                cache.truncate(s, int(npos[act[j]]) + 1 + int(ms[j]))
-        npos[act] += 1 + ms
-        still = []
-        for j, i in enumerate(active):
-            if emit(i, results[j][1]):
-                cache.release(int(seq[i]))
-                drafter.end(i)
-            else:
-                still.append(i)
+        judge = partial(
+            _judge, drafts=drafts, active=active, verify=verify, sampling=sampling, rng=rng, stats=stats
+        )
+        last = [outs.tokens[i][-1] for i in active]
+        results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
+        npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+        active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
         step_times.append(time.perf_counter() - t_step)
-        active = still
         while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)
             active += start(*queue.admit(model, cache, seq, prompt_ids))
     decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
-
-    res = GenerationResult(
-        tokens=out,
-        texts=[s.text for s in states],
-        prompt_tokens=[list(map(int, p)) for p in prompt_ids],
-        finish_reasons=reasons,
-        prefill_time=queue.prefill_time,
-        decode_time=decode_time,
-        step_times=step_times,
-        method=layout,
-    )
+    res = outs.result(prompt_ids, queue, decode_time, step_times, method=layout)
     res.stats.update(
-        drafter=getattr(drafter, "name", type(drafter).__name__),
-        max_draft=k,
-        budget=budget is not None,
-        target_forwards=queue.prefill_forwards + n_forwards,
-        verify_forwards=n_forwards,
-        max_batch=queue.slots,
-        sample_steps=sample_steps,
-        mean_accepted=accepted_sum / sample_steps if sample_steps else float("nan"),
-        draft_tokens=proposed_sum,
-        accepted_tokens=accepted_sum,
-        acceptance_rate=accepted_sum / proposed_sum if proposed_sum else float("nan"),
-        tokens_per_forward=computed / n_forwards if n_forwards else float("nan"),
-        padding_fraction=padded / computed if computed else 0.0,
-        budget_trimmed=trimmed,
-        budget_shadow_checks=shadow_checks,
-    )
+        drafter=drafter.name, max_draft=k, budget=budget is not None, max_batch=queue.slots,
+        target_forwards=queue.prefill_forwards + stats.forwards, **stats.as_dict(),
+    )  # fmt: skip
     return res

@@ -7,8 +7,8 @@ import pytest
 
 import decoding
 from decoding import SamplingParams, generate
-from decoding.autoregressive import StreamState
 from decoding.sampling import filtered_probs, sample
+from decoding.scheduling import StreamState
 
 
 # -- sampling ----------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_load_model_errors(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("max_tokens", [1, 5, 12, 4096])
 def test_chunked_prefill_equals_one_forward(tiny64, max_tokens):
-    from decoding.autoregressive import prefill
+    from decoding.scheduling import prefill
 
     model, _ = tiny64
     rng = np.random.default_rng(7)

@@ -24,7 +24,15 @@ from decoding import generate
 from decoding._threads import blas_threads
 from decoding.autoregressive import autoregressive_generate
 from decoding.cost_model import CostModel, DraftBudget
-from decoding.drafters import Drafter, DraftModelDrafter, LLMADrafter, PromptLookupDrafter, make_drafter
+from decoding.drafters import (
+    Drafter,
+    DraftModelDrafter,
+    LLMADrafter,
+    PromptLookupDrafter,
+    Proposal,
+    make_drafter,
+)
+from decoding.model import PackedBatch
 from decoding.sampling import SamplingParams, filtered_probs
 from decoding.speculative import speculative_generate, verify_greedy, verify_sampling
 
@@ -57,17 +65,19 @@ class OracleDrafter(Drafter):
             if d.size and self.rng.random() < 0.5:
                 d[self.rng.integers(0, d.size)] = self.rng.integers(0, 264)
             out.append(d)
-        return out
+        return Proposal(out)
 
 
 class PerfectDrafter(OracleDrafter):
     """Proposes the true greedy continuation, as long as allowed: every draft token is accepted."""
 
     def propose(self, contexts, max_lens, samples):
-        return [
-            np.array(self.truth[s][len(c) - len(self.prompts[s]) :][:k], dtype=np.int64)
-            for c, k, s in zip(contexts, max_lens, samples, strict=True)
-        ]
+        return Proposal(
+            [
+                np.array(self.truth[s][len(c) - len(self.prompts[s]) :][:k], dtype=np.int64)
+                for c, k, s in zip(contexts, max_lens, samples, strict=True)
+            ]
+        )
 
 
 def _run(
@@ -230,9 +240,9 @@ class _Recorder:
         self.max_seqs.append(max_seqs)
         return self._new_cache(max_seqs=max_seqs, capacity=capacity)
 
-    def forward(self, tokens, *, cache, seq_ids, **kw):
-        self.seqs.append(sorted(int(s) for s in seq_ids))
-        return self._forward(tokens, cache=cache, seq_ids=seq_ids, **kw)
+    def forward(self, batch: PackedBatch, *, cache, **kw):
+        self.seqs.append(sorted(int(s) for s in batch.seq_ids))
+        return self._forward(batch, cache=cache, **kw)
 
 
 def test_draft_model_cache_holds_only_the_samples_in_flight(tiny64, monkeypatch):
@@ -299,19 +309,19 @@ def test_llma_matches_last_tokens_and_copies_in_order():
     ref = np.array([5, 1, 2, 8, 9, 1, 2, 3, 4, 5, 6])
     d.begin([np.array([0])], references=[ref])
     # (1, 2) occurs at 1 and 5: the first match copies 8 9 1
-    assert d.propose([np.array([0, 1, 2])], [7], [0])[0].tolist() == [8, 9, 1]
+    assert d.propose([np.array([0, 1, 2])], [7], [0]).tokens[0].tolist() == [8, 9, 1]
     # the copy went on from position 3, so the next (1, 2) match prefers position 5
-    assert d.propose([np.array([0, 1, 2, 8, 9, 1, 2])], [7], [0])[0].tolist() == [3, 4, 5]
-    assert d.propose([np.array([0, 7, 7])], [7], [0])[0].tolist() == []  # no match: no draft
+    assert d.propose([np.array([0, 1, 2, 8, 9, 1, 2])], [7], [0]).tokens[0].tolist() == [3, 4, 5]
+    assert d.propose([np.array([0, 7, 7])], [7], [0]).tokens[0].tolist() == []  # no match: no draft
     d.begin([np.array([0])], references=[ref])  # a new generation starts with its cursor at 0
-    assert d.propose([np.array([0, 1, 2])], [2], [0])[0].tolist() == [8, 9]  # capped by max_lens
-    assert d.propose([np.array([0, 5, 6])], [7], [0])[0].tolist() == []  # nothing follows the match
+    assert d.propose([np.array([0, 1, 2])], [2], [0]).tokens[0].tolist() == [8, 9]  # capped by max_lens
+    assert d.propose([np.array([0, 5, 6])], [7], [0]).tokens[0].tolist() == []  # nothing follows the match
 
 
 def test_prompt_lookup_uses_own_context():
     d = PromptLookupDrafter(match_len=2, copy_len=4)
     d.begin([np.array([3, 4, 5, 6, 7]), np.array([1, 1])])
-    out = d.propose([np.array([3, 4, 5, 6, 7, 0, 3, 4]), np.array([1, 1])], [7, 7], [0, 1])
+    out = d.propose([np.array([3, 4, 5, 6, 7, 0, 3, 4]), np.array([1, 1])], [7, 7], [0, 1]).tokens
     assert out[0].tolist() == [5, 6, 7, 0]
     assert out[1].tolist() == []  # the only (1, 1) is the trailing key itself
 
@@ -328,18 +338,18 @@ def test_draft_model_drafter_is_greedy_decoding_of_the_draft_model(tiny64):
         return _ar(small, tok, [list(ctx)], n).tokens[0]
 
     ctx = [p.copy() for p in prompts]
-    drafts = d.propose(ctx, [5, 3], [0, 1])
+    drafts = d.propose(ctx, [5, 3], [0, 1]).tokens
     assert [x.tolist() for x in drafts] == [greedy_small(ctx[0], 5), greedy_small(ctx[1], 3)]
     # sample 0 accepts 2 drafts then gets a different token; sample 1 accepts all 3 plus one
     ctx[0] = np.concatenate([ctx[0], drafts[0][:2], [7]])
     ctx[1] = np.concatenate([ctx[1], drafts[1], [9]])
-    drafts = d.propose(ctx, [4, 0], [0, 1])
+    drafts = d.propose(ctx, [4, 0], [0, 1]).tokens
     assert drafts[0].tolist() == greedy_small(ctx[0], 4) and drafts[1].tolist() == []
     # what the draft cache lacks: sample 0 holds its context plus 3 of its 4 drafts, sample 1 its
     # old context plus its 2 first drafts (the third draft and the bonus token are new)
     ctx2 = [np.concatenate([ctx[0], drafts[0][:1], [5]]), ctx[1]]
     assert d.pending(ctx2, [0, 1]).tolist() == [1, 2]
-    drafts = d.propose(ctx, [2, 2], [0, 1])  # nothing accepted: proposes the same again
+    drafts = d.propose(ctx, [2, 2], [0, 1]).tokens  # nothing accepted: proposes the same again
     assert drafts[0].tolist() == greedy_small(ctx[0], 2) and drafts[1].tolist() == greedy_small(ctx[1], 2)
 
 

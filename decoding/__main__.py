@@ -4,4 +4,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing it (the doctest collection does) runs nothing
+    sys.exit(main())

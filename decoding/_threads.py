@@ -1,9 +1,10 @@
 """BLAS thread control for the engine.
 
 Decode steps are matrix-vector products (memory-bound) and prefill matrices are small; on the
-2 shared cores this project targets, OpenBLAS's threads spin-wait and lose 10-40x as soon as
-another process competes for a core (measured: a 576x3072 product went from 0.3 ms to 10 ms).
-The engine therefore runs BLAS single-threaded unless ``DECODING_BLAS_THREADS`` says otherwise.
+2 shared cores this project targets, OpenBLAS's threads spin-wait, and they collapse as soon as
+another process (or numba's own threads) competes for a core (figures: ``docs/decoding.md``,
+"Measurements"). The engine therefore runs BLAS single-threaded unless ``DECODING_BLAS_THREADS``
+says otherwise.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def blas_threads(n: int | None = -1):
         n = default_threads()
     if n is None:
         return contextlib.nullcontext()
-    if _controller is None:
+    if _controller is None:  # threadpoolctl is imported (and scans the loaded BLAS) on first use only
         from threadpoolctl import ThreadpoolController
 
         _controller = ThreadpoolController()

@@ -16,7 +16,7 @@ __all__ = ["namespace", "to_host"]
 def namespace(a):
     """``cupy`` for a CuPy array, else ``numpy``."""
     if type(a).__module__.split(".")[0] == "cupy":
-        import cupy
+        import cupy  # optional (a GPU path): imported only when a CuPy array is already there
 
         return cupy
     return np

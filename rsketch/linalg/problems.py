@@ -33,6 +33,14 @@ class Problem:
         The singular values built in (exact for ``exact=True``; for the fast dense and the sparse
         constructions they are those of the factor, within a few percent of ``X``'s).
     rank : int
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from rsketch.linalg.problems import make_problem
+    >>> P = make_problem(1000, 10, cond=1e3, seed=0)
+    >>> bool(np.allclose(P.X.T @ (P.y - P.X @ P.coef), 0, atol=1e-10))
+    True
     """
 
     X: object

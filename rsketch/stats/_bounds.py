@@ -65,6 +65,13 @@ class Bound:
     condition : str
         When the bound applies.
     note : str
+
+    Examples
+    --------
+    >>> import rsketch
+    >>> b = rsketch.bounds("gaussian", n=1000, p=50, r=200).re_upper
+    >>> b.measure, b.side, b.value > 1
+    ('re', 'upper', True)
     """
 
     measure: str
@@ -90,6 +97,13 @@ class SketchBounds:
 
     ``pe_upper``, ``re_upper``, ``wc_upper`` and ``pe_lower`` are the primary bounds (the paper's form where
     one is known, else the derived one; None where there is none); ``all`` lists every bound.
+
+    Examples
+    --------
+    >>> import rsketch
+    >>> sb = rsketch.bounds("srht", n=4096, p=20, r=400)
+    >>> sb.kind, all(b.side == "upper" for b in sb.select("pe"))
+    ('srht', True)
     """
 
     kind: str

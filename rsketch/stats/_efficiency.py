@@ -86,6 +86,14 @@ class EfficiencyResult:
         right-skewed distributions these ratios have.
     seed : object
         The seed the draws were spawned from.
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> X = np.random.default_rng(0).standard_normal((500, 5))
+    >>> res = rsketch.efficiency(X, sketch="gaussian", sketch_size=100, n_sketches=8, seed=0)
+    >>> res.pe_draws.shape, bool(res.pe_ci[0] <= res.pe <= res.pe_ci[1])
+    ((8,), True)
     """
 
     sketch: str

@@ -26,3 +26,19 @@ def test_docstring_examples(name):
         module, extraglobs={"np": np}, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     )
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
+
+
+def public_names():
+    import rsketch.linalg
+    import rsketch.stats
+
+    for module in (rsketch, rsketch.linalg, rsketch.stats, rsketch.operators):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if callable(obj):  # SKETCH_KINDS is a table, documented where it is defined
+                yield f"{module.__name__}.{name}", obj
+
+
+@pytest.mark.parametrize("name, obj", list(public_names()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_public_name_has_an_example(name, obj):
+    assert "Examples\n" in (obj.__doc__ or ""), f"{name} has no Examples section"

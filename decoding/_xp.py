@@ -14,7 +14,13 @@ __all__ = ["namespace", "to_host"]
 
 
 def namespace(a):
-    """``cupy`` for a CuPy array, else ``numpy``."""
+    """``cupy`` for a CuPy array, else ``numpy``.
+
+    Examples
+    --------
+    >>> namespace(np.zeros(2)).__name__
+    'numpy'
+    """
     if type(a).__module__.split(".")[0] == "cupy":
         import cupy  # optional (a GPU path): imported only when a CuPy array is already there
 
@@ -23,6 +29,12 @@ def namespace(a):
 
 
 def to_host(a) -> np.ndarray:
-    """A NumPy array with the values of ``a`` (a copy from the device for CuPy)."""
+    """A NumPy array with the values of ``a`` (a copy from the device for CuPy).
+
+    Examples
+    --------
+    >>> to_host([1, 2])
+    array([1, 2])
+    """
     get = getattr(a, "get", None)
     return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)

@@ -41,6 +41,16 @@ class AttentionPlan:
     ``[1, B, 1, n, S]`` (or None) hiding each sequence's keys beyond its own length, future keys
     and invalid slots. Otherwise ``pieces`` lists ``(a, e, start, S, bias)`` per sequence: rows
     ``a:e`` of the packed queries, cache slots ``start : start + S``, bias ``[n, S]`` or None.
+
+    Examples
+    --------
+    One sequence of 2 new tokens on an empty cache (see :func:`packed_attention`):
+
+    >>> from decoding.kv_cache import KVCache
+    >>> c = KVCache(1, 1, 2, max_seqs=1, capacity=4, dtype=np.float64)
+    >>> plan = AttentionPlan.build(c, np.array([0]), np.array([0, 2]), np.array([0]))
+    >>> plan.tokens is not None  # NumPy: the one-call kernel
+    True
     """
 
     uniform: tuple | None
@@ -105,7 +115,18 @@ class AttentionPlan:
 
 
 def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
-    """Attention output ``[T, H, D]`` of rotated queries ``q`` ``[T, H, D]`` for ``layer``, by ``plan``."""
+    """Attention output ``[T, H, D]`` of rotated queries ``q`` ``[T, H, D]`` for ``layer``, by ``plan``.
+
+    Examples
+    --------
+    >>> from decoding.kv_cache import KVCache
+    >>> c = KVCache(1, 1, 2, max_seqs=1, capacity=4, dtype=np.float64)
+    >>> slots = c.prepare([0], [2]); kv = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])
+    >>> c.write(0, slots, kv, kv)
+    >>> plan = AttentionPlan.build(c, np.array([0]), np.array([0, 2]), np.array([0]))
+    >>> attend(np.ones((2, 1, 2)), c, 0, plan)[0, 0].tolist()  # the first token sees itself only
+    [1.0, 0.0]
+    """
     if plan.tokens is not None:
         start, length, seq, key_valid = plan.tokens
         return varlen_attention(q, cache.k[layer], cache.v[layer], start, length, seq, key_valid)

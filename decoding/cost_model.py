@@ -45,7 +45,13 @@ COST_MODEL_VERSION = 6  # 6: four weight rows from eight tokens on
 
 
 def cost_cache_dir() -> Path:
-    """``$DECODING_CACHE_DIR`` or ``~/.cache/decoding``: where measured cost models are kept."""
+    """``$DECODING_CACHE_DIR`` or ``~/.cache/decoding``: where measured cost models are kept.
+
+    Examples
+    --------
+    >>> isinstance(cost_cache_dir(), Path)
+    True
+    """
     return Path(os.environ.get("DECODING_CACHE_DIR", Path.home() / ".cache" / "decoding"))
 
 

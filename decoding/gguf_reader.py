@@ -72,6 +72,11 @@ class TensorInfo:
     """One tensor's record: name, NumPy-order shape (GGUF lists dimensions innermost first), type, bytes.
 
     ``offset`` is absolute in the file.
+
+    Examples
+    --------
+    >>> TensorInfo("output_norm.weight", (576,), GGMLQuantizationType.F32, 1024, 2304).shape
+    (576,)
     """
 
     name: str
@@ -130,6 +135,12 @@ def dequantize(raw: np.ndarray, ggml_type, shape: tuple[int, ...], *, dtype=np.f
     Supported: F32, F16, F64, Q8_0 (blocks of 32: f16 scale d, 32 int8; w = d q) and Q4_1 (blocks
     of 32: f16 scale d, f16 minimum m, 16 bytes of nibbles; low nibbles are weights 0..15, high
     nibbles 16..31; w = d q + m). Work is vectorized over all blocks at once.
+
+    Examples
+    --------
+    >>> raw = np.array([1.0, -2.5], dtype="<f2").view(np.uint8)
+    >>> dequantize(raw, GGMLQuantizationType.F16, (2,)).tolist()
+    [1.0, -2.5]
     """
     ggml_type = GGMLQuantizationType(ggml_type)
     dtype = np.dtype(dtype)

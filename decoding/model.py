@@ -36,7 +36,16 @@ __all__ = ["Model", "Layer", "PackedBatch"]
 
 @dataclass(frozen=True)
 class Layer:
-    """One transformer block's weights (``[out, in]``, applied as ``x @ W.T``)."""
+    """One transformer block's weights (``[out, in]``, applied as ``x @ W.T``).
+
+    Examples
+    --------
+    >>> d, H, Hkv, D, F = 8, 2, 1, 4, 16
+    >>> L = Layer(np.ones(d), np.zeros(((H + 2 * Hkv) * D, d)), np.zeros((d, H * D)), np.ones(d),
+    ...           np.zeros((2 * F, d)), np.zeros((d, F)))
+    >>> L.wqkv.shape, L.w_gate_up.shape
+    ((16, 8), (32, 8))
+    """
 
     attn_norm: np.ndarray  # [d]
     wqkv: np.ndarray  # [(H + 2 Hkv) D, d]

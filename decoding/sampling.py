@@ -41,6 +41,15 @@ def validate_sampling(temperature, top_k, top_p):
 
     Returns the normalized ``(temperature, top_k, top_p)``; raises ``ValueError``/``TypeError``
     naming the argument.
+
+    Examples
+    --------
+    >>> validate_sampling(1, np.int64(40), None)
+    (1.0, 40, None)
+    >>> validate_sampling(0.7, None, 1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: top_p must be in (0, 1], got 1.5
     """
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
@@ -63,7 +72,13 @@ def validate_sampling(temperature, top_k, top_p):
 
 
 def greedy(logits: np.ndarray) -> np.ndarray:
-    """Argmax of each row of ``logits`` ``[B, V]`` -> ``[B]`` (ties: lowest id)."""
+    """Argmax of each row of ``logits`` ``[B, V]`` -> ``[B]`` (ties: lowest id).
+
+    Examples
+    --------
+    >>> greedy(np.array([[0.1, 0.7, 0.7], [2.0, 0.0, 1.0]])).tolist()
+    [1, 0]
+    """
     return np.argmax(logits, axis=-1)
 
 
@@ -104,7 +119,16 @@ def filtered_probs(logits: np.ndarray, temperature: float, top_k=None, top_p=Non
 
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> np.ndarray:
-    """A token per row of ``logits`` ``[B, V]``: argmax if greedy, else a draw from :func:`filtered_probs`."""
+    """A token per row of ``logits`` ``[B, V]``: argmax if greedy, else a draw from :func:`filtered_probs`.
+
+    Examples
+    --------
+    >>> logits = np.log(np.array([[0.1, 0.9], [0.8, 0.2]]))
+    >>> sample(logits, SamplingParams(), np.random.default_rng(0)).tolist()
+    [1, 0]
+    >>> sample(logits, SamplingParams(temperature=1.0, top_k=1), np.random.default_rng(0)).tolist()
+    [1, 0]
+    """
     if params.greedy:
         return greedy(logits)
     p = filtered_probs(logits, params.temperature, params.top_k, params.top_p)

@@ -85,6 +85,17 @@ def verify_sampling(logits: np.ndarray, draft: np.ndarray, sampling: SamplingPar
     ``q`` is ``[n, V]`` (the distributions the drafts were drawn from) or None for a
     deterministic drafter (one-hot at each draft token). Target probabilities are
     :func:`~decoding.sampling.filtered_probs` of ``logits`` with the same temperature, top-k, top-p.
+
+    Examples
+    --------
+    Where the target is certain, a draft it agrees with is accepted and one it rejects is replaced:
+
+    >>> lg = np.log(np.eye(4)[[2, 3, 1]] + 1e-12)  # the target says 2, then 3, then 1
+    >>> sp, rng = SamplingParams(temperature=1.0), np.random.default_rng(0)
+    >>> verify_sampling(lg, np.array([2, 3]), sp, None, rng)
+    (2, [2, 3, 1])
+    >>> verify_sampling(lg, np.array([2, 0]), sp, None, rng)
+    (1, [2, 3])
     """
     p = filtered_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # [n + 1, V]
     for j, x in enumerate(draft):
@@ -209,6 +220,7 @@ class SpeculativeStats:
 
     @classmethod
     def for_samples(cls, n: int) -> SpeculativeStats:
+        """Zero counters for a call of ``n`` samples."""
         return cls(np.zeros(n), np.zeros(n))
 
     def record(self, i: int, *, accepted: int, verified: int) -> None:
@@ -232,6 +244,8 @@ class SpeculativeStats:
         self.padded += padded
 
     def as_dict(self) -> dict:
+        """The entries of ``GenerationResult.stats`` these counters give (NaN for an empty ratio)."""
+
         def ratio(a, b):
             return a / b if b else float("nan")
 
@@ -315,8 +329,23 @@ def packed_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
 
     Examples
     --------
-    >>> results = packed_step(model, cache, seq[active], npos[active], last, drafts,
-    ...                       judge, stats)  # doctest: +SKIP
+    A stand-in target that caches what it is fed and always predicts token 7; two samples with 3
+    cached tokens each, drafts of 3 and 1 tokens:
+
+    >>> from decoding.kv_cache import KVCache
+    >>> class Says7:
+    ...     def forward(self, batch, *, cache, **kw):
+    ...         cache.advance(batch.seq_ids, np.diff(batch.cu_seqlens))
+    ...         return np.eye(8)[np.full(batch.tokens.size, 7)]
+    >>> cache = KVCache(1, 1, 2, max_seqs=2, capacity=16)
+    >>> seq = np.array([cache.allocate(), cache.allocate()]); cache.advance(seq, [3, 3])
+    >>> drafts = [np.array([7, 7, 1]), np.array([2])]
+    >>> judge = lambda rows: [verify_greedy(r, d) for r, d in zip(rows, drafts)]
+    >>> stats = SpeculativeStats.for_samples(2)
+    >>> packed_step(Says7(), cache, seq, np.array([3, 3]), [5, 6], drafts, judge, stats)
+    [(2, [7, 7, 7]), (0, [7])]
+    >>> cache.lengths.tolist(), stats.computed  # each keeps its cached, last and accepted tokens
+    ([6, 4], 6)
     """
     batch = PackedBatch.from_lists([np.r_[t, d] for t, d in zip(last, drafts, strict=True)], seq_ids=seq_ids)
     logits = model.forward(batch, cache=cache, logits="all")  # [sum(1 + n_j), V]
@@ -338,8 +367,24 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
 
     Examples
     --------
-    >>> results = padded_step(model, cache, seq[active], npos[active], last, drafts,
-    ...                       judge, stats, key_valid)  # doctest: +SKIP
+    The example of :func:`packed_step`, padded: both caches grow by 1 + 2, and sample 1's last
+    two slots (its rejected draft and its pad) are hidden.
+
+    >>> from decoding.kv_cache import KVCache
+    >>> class Says7:
+    ...     def forward(self, batch, *, cache, **kw):
+    ...         cache.advance(batch.seq_ids, np.diff(batch.cu_seqlens))
+    ...         return np.eye(8)[np.full(batch.tokens.size, 7)]
+    >>> cache = KVCache(1, 1, 2, max_seqs=2, capacity=16)
+    >>> seq = np.array([cache.allocate(), cache.allocate()]); cache.advance(seq, [3, 3])
+    >>> key_valid = np.ones((2, 16), dtype=bool)
+    >>> drafts = [np.array([7, 7, 1]), np.array([2])]
+    >>> judge = lambda rows: [verify_greedy(r, d) for r, d in zip(rows, drafts)]
+    >>> stats = SpeculativeStats.for_samples(2)
+    >>> padded_step(Says7(), cache, seq, np.array([3, 3]), [5, 6], drafts, judge, stats, key_valid)
+    [(2, [7, 7, 7]), (0, [7])]
+    >>> cache.lengths.tolist(), key_valid[1, 3:6].tolist(), stats.padded
+    ([6, 6], [True, False, False], 2)
     """
     A, n = len(drafts), np.array([d.size for d in drafts], dtype=np.int64)
     W = 1 + int(n.max())

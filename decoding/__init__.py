@@ -8,6 +8,7 @@
 ['The capital of France is Paris.']
 """
 
+from . import _requirements  # noqa: F401  (first: a clear ImportError without the extra)
 from .api import generate
 from .config import LlamaConfig
 from .cost_model import CostModel, DraftBudget

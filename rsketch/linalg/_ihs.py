@@ -18,11 +18,41 @@ import numpy as np
 
 from rsketch.linalg._common import apply_sketch
 from rsketch.linalg._design import Design
-from rsketch.linalg._precondition import _measures, rounding_floor, sketched_factor
+from rsketch.linalg._precondition import backward_error_estimate, sketched_factor
 from rsketch.operators import LeverageSampling
 
 # Iterations without halving the gradient measure after which IHS is judged to have stalled.
 _PATIENCE = 5
+_EPS = np.finfo(np.float64).eps
+
+
+def rounding_floor(s, rank, coef, ynorm, rnorm, p):
+    """What rounding alone can leave of the two stopping measures, per column.
+
+    ``fl(X.T (y - X coef))`` is off by about ``eps ||X|| (||y|| + ||X|| ||coef||)``, which ``M.T``
+    scales by ``1 / s_min`` (gradient floor, relative to ``||y||``); a backward-stable direct solver's
+    forward error is ``eps (kappa + kappa^2 ||r|| / (||X|| ||coef||))`` (step floor, relative to
+    ``||coef||``). Both carry a ``sqrt(p)`` margin. Used only to judge a run that stopped
+    improving, never to stop early.
+    """
+    if rank == 0:
+        z = np.zeros_like(ynorm)
+        return z, z
+    kappa = s[0] / s[rank - 1]
+    cn = np.sqrt(np.einsum("ij,ij->j", coef, coef))
+    cn = np.where(cn > 0, cn, 1.0)
+    grad = np.sqrt(p) * _EPS * kappa * (4.0 + s[0] * cn / np.where(ynorm > 0, ynorm, 1.0))
+    step = np.sqrt(p) * _EPS * kappa * (4.0 + kappa * rnorm / (s[0] * cn))
+    return grad, step
+
+
+def _measures(M, s, coef, scale):
+    """Relative preconditioned gradient ``||s|| / ||y||`` and relative step ``||M s|| / ||coef||``."""
+    gnorm = np.sqrt(np.einsum("ij,ij->j", s, s)) / scale
+    step = M @ s
+    cn = np.sqrt(np.einsum("ij,ij->j", coef, coef))
+    snorm = np.sqrt(np.einsum("ij,ij->j", step, step)) / np.where(cn > 0, cn, 1.0)
+    return gnorm, snorm
 
 
 def fresh_sketch(S0, t):
@@ -49,6 +79,12 @@ def fresh_sketch(S0, t):
             dtype=S0.dtype,
         )
     return type(S0)(S0.input_dim, S0.sketch_size, seed=seed, dtype=S0.dtype, **S0._options())
+
+
+def _relative_backward_error(factor, g, rn2, coef):
+    frob = factor.frobenius
+    est = backward_error_estimate(factor, g, np.sqrt(rn2), coef)
+    return est / frob if frob > 0 else est
 
 
 def ihs(X, Y, S0, *, tol, max_iter, log):
@@ -87,7 +123,8 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
         S = fresh_sketch(S0, t)
         SX = apply_sketch(S, X)
         t2 = time.perf_counter()
-        M, _, s_values, rank = sketched_factor(SX)
+        factor = sketched_factor(SX)
+        M, s_values, rank = factor.M, factor.s, factor.rank
         t3 = time.perf_counter()
         log.sketch += t2 - t1
         log.factor += t3 - t2
@@ -99,6 +136,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
         worst = float(np.maximum(gnorm, snorm).max()) if k else 0.0
         log.gradient_norms.append(worst)
         if worst <= tol:
+            log.backward_error = _relative_backward_error(factor, g, rn2, coef)
             return coef, t, True, np.sqrt(rn2), rank0
         # Progress is judged on the gradient measure alone: it contracts by about sqrt(p/r) per
         # iteration, while the step measure wanders until the large directions have converged.
@@ -112,6 +150,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
             at_floor = since_best >= _PATIENCE and bool(
                 ((gnorm <= np.maximum(gfloor, tol)) & (snorm <= np.maximum(sfloor, tol))).all()
             )
+            log.backward_error = _relative_backward_error(factor, g, rn2, coef)
             return coef, t, at_floor, np.sqrt(rn2), rank0
         coef = coef + M @ s
         log.iterate += time.perf_counter() - t3

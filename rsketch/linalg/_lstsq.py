@@ -8,18 +8,15 @@ import time
 import numpy as np
 
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option
-from rsketch.linalg._common import apply_sketch, resolve_sketch, validate_problem
+from rsketch.linalg._common import resolve_sketch, validate_problem
 from rsketch.linalg._design import Design
 from rsketch.linalg._ihs import ihs
-from rsketch.linalg._precondition import (
-    default_max_iter,
-    pcg_finish,
-    sketched_factor,
-    warn_not_converged,
-)
+from rsketch.linalg._precondition import default_max_iter, refine, sketched_factor, warn_not_converged
 from rsketch.linalg._results import LstsqResult, SolverLog
+from rsketch.linalg._scaling import scale_columns, scale_design, sketch_design, unscale
 
-DEFAULT_TOL = {"precondition": 4 * np.finfo(np.float64).eps, "ihs": 1e-12}
+# precondition: the stable level, a backward error of 10 u relative to ||X||_F (u = eps / 2).
+DEFAULT_TOL = {"precondition": 10 * np.finfo(np.float64).eps / 2, "ihs": 1e-12}
 
 
 def _check_tol(tol, method):
@@ -124,38 +121,47 @@ def lstsq(
     if max_iter is not None:
         max_iter = check_int(max_iter, "max_iter", minimum=1)
     S, r = resolve_sketch(sketch, n, p, sketch_size, method, seed, X)
+    Y, y_shift = scale_columns(Y)
     log = SolverLog()
     if method == "ihs":
+        X, x_shift = scale_design(X)
         coef, iterations, converged, rnorm, rank = ihs(
             X, Y, S, tol=tol, max_iter=100 if max_iter is None else max_iter, log=log
         )
+        if not converged:
+            warn_not_converged(method, iterations, log.gradient_norms[-1], tol)
     else:
-        design = Design(X)
         t0 = time.perf_counter()
-        SX = apply_sketch(S, X)
+        X, SX, x_shift = sketch_design(S, X)
         SY = S @ Y
         t1 = time.perf_counter()
-        M, W, s_values, rank = sketched_factor(SX)
+        factor = sketched_factor(SX)
+        rank = factor.rank
         t2 = time.perf_counter()
-        coef = M @ (W.T @ SY)
+        coef = factor.M @ (factor.W.T @ SY)
         t3 = time.perf_counter()
         log.sketch, log.factor, log.presolve = t1 - t0, t2 - t1, t3 - t2
         if method == "sketch_and_solve":
             iterations, converged = 0, True
-            rnorm = _residual_norms(design, Y, coef)
+            rnorm = _residual_norms(Design(X), Y, coef)
         else:
-            log.finish = "pcg"
+            log.finish = "refine"
             if max_iter is None:
                 max_iter = default_max_iter(p, r)
-            coef, iterations, converged, rnorm = pcg_finish(
-                design, Y, coef, M, s_values, rank, tol=tol, max_iter=max_iter, log=log
+            coef, iterations, converged, rnorm, log.backward_error = refine(
+                Design(X), Y, coef, factor, tol=tol, max_iter=max_iter, log=log
             )
+            if not converged:
+                worst = float(np.max(log.backward_error))
+                warn_not_converged(method, iterations, worst, tol, what="backward error estimate")
         log.iterate = time.perf_counter() - t3
-    if not converged:
-        warn_not_converged(method, iterations, log.gradient_norms[-1], tol)
+    coef = unscale(coef, x_shift, y_shift)  # exact: powers of two
+    rnorm = np.ldexp(rnorm, y_shift)
     log.total = time.perf_counter() - t_start
     if is_vector:
         coef, rnorm = coef[:, 0], float(rnorm[0])
+        if log.backward_error is not None:
+            log.backward_error = float(log.backward_error[0])
     return LstsqResult(
         coef=coef,
         residual_norm=rnorm,

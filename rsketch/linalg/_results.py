@@ -35,11 +35,18 @@ class SolverLog:
     total : float
         Wall time of the whole call, validation included.
     gradient_norms : list of float
-        Per iteration, the largest over columns of ``||M.T X.T (y - X coef)|| / ||y||``, the
-        preconditioned gradient, which tracks ``||X (coef - coef_opt)|| / ||y||`` within the
-        sketch's distortion. The first entry is the warm start's.
+        Per iteration, the largest over columns of the iteration's error measure: for
+        ``"precondition"`` the CG residual ``||M.T X.T X M d - M.T g||`` of the current refinement
+        step, for ``"ihs"`` the relative preconditioned gradient ``||M.T X.T (y - X coef)|| / ||y||``.
+    backward_errors : list of float
+        ``"precondition"``: after each refinement step, the largest over columns of the
+        Karlson-Walden backward-error estimate from the sketch, relative to ``||S X||_F``
+        (which estimates ``||X||_F``).
+    backward_error : float, ndarray of shape (k,) or None
+        The estimate for the returned ``coef`` (per right-hand side); None for sketch-and-solve,
+        which computes no gradient.
     finish : str
-        The finishing iteration used (``"pcg"``, ``"ihs"`` or ``"none"``).
+        The finishing iteration used (``"refine"``, ``"ihs"`` or ``"none"``).
 
     Examples
     --------
@@ -54,6 +61,8 @@ class SolverLog:
     iterate: float = 0.0
     total: float = 0.0
     gradient_norms: list = field(default_factory=list)
+    backward_errors: list = field(default_factory=list)
+    backward_error: object = None
     finish: str = "none"
 
 

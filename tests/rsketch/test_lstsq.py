@@ -142,7 +142,7 @@ def test_preconditioned_condition_number_and_rate(seed, r_factor):
     Pb = make_problem(N, P, cond=1e2, seed=seed)
     r = r_factor * P
     S = rsketch.make_sketch("gaussian", N, r, seed=seed)
-    M, _, _, _ = sketched_factor(S @ Pb.X)
+    M = sketched_factor(S @ Pb.X).M
     kappa = np.linalg.cond(Pb.X @ M)
     e = predicted_rate(P, r) + 3 / np.sqrt(r)
     assert kappa <= (1 + e) / (1 - e)
@@ -164,7 +164,7 @@ def test_sparse_sign_embeds_like_gaussian(factor, method):
         Pb = make_problem(N, P, cond=1e8, seed=seed)
         S = build_sketch("sparse_sign", N, r, seed, Pb.X, method)
         assert S.nnz_per_column == (2 if method == "precondition" else 8)
-        M, _, _, _ = sketched_factor(S @ Pb.X)
+        M = sketched_factor(S @ Pb.X).M
         e = predicted_rate(P, r) + 3 / np.sqrt(r)
         assert np.linalg.cond(Pb.X @ M) <= (1 + e) / (1 - e)
 
@@ -276,9 +276,12 @@ def test_result_fields_and_log():
     assert isinstance(res.sketch, rsketch.SparseSign) and res.sketch_size == 40 * P
     assert res.sketch.nnz_per_column == 2  # a preconditioning sketch (build_sketch)
     log = res.log
-    assert log.finish == "pcg" and min(log.sketch, log.factor, log.presolve, log.iterate) >= 0
+    assert log.finish == "refine" and min(log.sketch, log.factor, log.presolve, log.iterate) >= 0
     assert log.total >= log.sketch + log.factor + log.presolve + log.iterate - 1e-9
-    assert len(log.gradient_norms) >= res.iterations + 1
+    assert len(log.gradient_norms) == res.iterations  # one CG measure per pass
+    # One backward-error estimate per refinement step, the last one the result's, at the stable level.
+    assert log.backward_errors and log.backward_error.shape == (2,)
+    assert log.backward_errors[-1] == log.backward_error.max() <= 10 * np.finfo(float).eps / 2
     assert "precondition" in repr(res)
     assert rsketch.linalg.default_sketch_size("ihs", 10**6, 30) == 300
 

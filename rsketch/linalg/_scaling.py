@@ -1,0 +1,99 @@
+"""Power-of-two scaling of the problem into a safe range, as LAPACK's drivers do it.
+
+The solvers form squared norms and inner products; for entries beyond about ``1e154`` or below
+``1e-154`` those overflow or underflow (and entries below ``2.2e-308`` are subnormal, with fewer
+bits). ``rsketch.lstsq`` therefore solves ``(X 2^-a) c' = y 2^-b`` with ``a`` and ``b`` chosen so that
+the largest entries are near one, and returns ``coef = c' 2^(b - a)``. Scaling by a power of two is
+exact (``numpy.ldexp``), so the scaled problem has exactly the same solution, and every relative
+measure (residual ratio, backward error relative to ``||X||_F``) is unchanged. Data already within
+``[2^-200, 2^200]`` is left alone, so the common case costs nothing: the design's range is judged
+from the sketch ``S X``, which the solver computes anyway, and only data outside the range is
+copied.
+
+Examples
+--------
+>>> import numpy as np
+>>> Y, shift = scale_columns(np.array([[3e200, 1.0], [1e200, 2.0]]))
+>>> shift.tolist(), float(np.abs(Y[:, 0]).max()) < 2.0
+([665, 0], True)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+from rsketch.linalg._common import apply_sketch
+
+# Largest entries in [2^LO, 2^HI] need no scaling: their squares, and sums of a billion of them, stay
+# normal floats.
+SAFE_LO, SAFE_HI = -200, 200
+
+
+def _shift(amax: float) -> int:
+    """The ``a`` with ``amax 2^-a`` in ``[1, 2)``, or 0 when ``amax`` is zero or in the safe range."""
+    if not amax > 0 or 2.0**SAFE_LO <= amax <= 2.0**SAFE_HI:
+        return 0
+    return math.frexp(amax)[1] - 1
+
+
+def _max_abs(A) -> float:
+    data = A.data if sp.issparse(A) else A
+    return float(np.max(np.abs(data))) if data.size else 0.0
+
+
+def _ldexp(A, shift: int):
+    if sp.issparse(A):
+        A = A.copy()
+        A.data = np.ldexp(A.data, -shift)
+        return A
+    return np.ldexp(A, -shift)
+
+
+def scale_columns(Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Y 2^-b_j, b)``: each column's largest entry brought near one when out of the safe range."""
+    shifts = np.array([_shift(float(np.max(np.abs(Y[:, j])))) for j in range(Y.shape[1])], dtype=np.int64)
+    if not shifts.any():
+        return Y, shifts
+    return np.ascontiguousarray(np.ldexp(Y, -shifts[None, :])), shifts
+
+
+def scale_design(X):
+    """``(X 2^-a, a)`` from the largest entry of ``X`` (one pass over ``X``)."""
+    shift = _shift(_max_abs(X))
+    return (X, 0) if shift == 0 else (_ldexp(X, shift), shift)
+
+
+def sketch_design(S, X):
+    """``(X', S X', a)`` with ``X' = X 2^-a``: ``S X`` judges the range; ``X`` is read again only if off."""
+    SX = apply_sketch(S, X)
+    amax = float(np.max(np.abs(SX))) if SX.size else 0.0
+    if math.isfinite(amax) and _shift(amax) == 0:
+        return X, SX, 0
+    shift = _shift(_max_abs(X))  # the sketch overflowed or is out of range: scale by X itself
+    if shift == 0:
+        return X, SX, 0
+    X = _ldexp(X, shift)
+    return X, apply_sketch(S, X), shift
+
+
+def unscale(coef: np.ndarray, x_shift: int, y_shifts: np.ndarray) -> np.ndarray:
+    """``coef 2^(b - a)``; a ``ValueError`` when the true solution is beyond float64's range.
+
+    Examples
+    --------
+    >>> unscale(np.ones((2, 1)), 3, np.array([5])).ravel().tolist()
+    [4.0, 4.0]
+    """
+    if x_shift == 0 and not y_shifts.any():
+        return coef
+    with np.errstate(over="ignore"):
+        out = np.ldexp(coef, (y_shifts - x_shift)[None, :])
+    if not np.isfinite(out).all():
+        raise ValueError(
+            "the least-squares solution is beyond the float64 range (its entries would overflow): "
+            "rescale X or y"
+        )
+    return out

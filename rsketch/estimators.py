@@ -184,7 +184,7 @@ class SketchedLinearRegression(_SketchedLinearModel):
     >>> rng = np.random.default_rng(0)
     >>> X = rng.standard_normal((5000, 4)); y = X @ [1.0, 2.0, 0.0, -1.0] + 3.0
     >>> model = SketchedLinearRegression(random_state=0).fit(X, y)
-    >>> np.round(model.coef_, 6).tolist(), round(model.intercept_, 6), model.solver_
+    >>> (np.round(model.coef_, 6) + 0.0).tolist(), round(model.intercept_, 6), model.solver_
     ([1.0, 2.0, 0.0, -1.0], 3.0, 'precondition')
     """
 

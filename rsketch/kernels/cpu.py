@@ -12,7 +12,10 @@ import math
 import types
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange
+from numba import types as nbtypes
+from numba.extending import intrinsic
 
 from rsketch._random import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, STREAM_TAIL, STREAM_WEDGE, ZIG_R
 
@@ -534,6 +537,35 @@ def n_chunks(n: int) -> int:
     return min(16, max(1, n // 8192))
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` with one rounding (LLVM's fma; a hardware instruction on AVX2 and AVX-512 CPUs)."""
+    sig = nbtypes.float64(nbtypes.float64, nbtypes.float64, nbtypes.float64)
+
+    def codegen(context, builder, signature, args):
+        d = ir.DoubleType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [d], ir.FunctionType(d, [d, d, d]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@njit(inline="always")
+def _dot2_step(s, comp, x, b):
+    """One term of Dot2 for ``s - x b``: returns the new sum and compensation."""
+    prod = x * b
+    err = _fma(x, b, -prod)  # x b = prod + err exactly
+    s_new, e = _two_sum(s, -prod)
+    return s_new, comp + (e - err)
+
+
 def _gram_apply_block_py(X, V, nchunks):  # pragma: no cover - compiled
     n, p = X.shape
     k = V.shape[1]
@@ -590,13 +622,15 @@ def _residual_gradient_fast_py(X, Y, B, nchunks):  # pragma: no cover - compiled
 
 
 def _residual_gradient_py(X, Y, B, nchunks):  # pragma: no cover - compiled
-    """``(X.T @ (Y - X @ B), colwise ||Y - X @ B||**2)`` in one pass over ``X`` and ``Y``.
+    """``(X.T @ (Y - X @ B), colwise ||Y - X @ B||**2)`` in one pass over ``X`` and ``Y``, error-free.
 
-    This product decides the accuracy the iterations can reach (its rounding error is what the
-    fixed point of the refinement sees), so it is computed carefully: no reassociation, the
-    residual's dot product in four interleaved partial sums, and the sum over rows of
-    ``X.T r`` in double-double (Knuth's TwoSum per term, a compensation accumulator per entry).
-    Each lane ``j`` is independent, so the compensated update still vectorises.
+    This product decides the accuracy the refinement can reach (its rounding is what the fixed
+    point sees, and the backward-error estimate is computed from it), so both halves are compensated:
+    the residual of each row by Dot2 (Ogita, Rump & Oishi 2005: each product split exactly with
+    an FMA, each sum by TwoSum, in four interleaved chains), kept as ``r_hi + r_lo``; the sum over rows
+    of ``X.T r`` in double-double (TwoSum per term, a compensation accumulator per entry). The
+    residual is then accurate to about ``u^2 (|y| + |X| |B|)`` and the gradient to ``u`` of itself,
+    however small the residual. No reassociation: every operation is rounded as written.
     """
     n, p = X.shape
     k = B.shape[1]
@@ -610,25 +644,29 @@ def _residual_gradient_py(X, Y, B, nchunks):  # pragma: no cover - compiled
         b = (c + 1) * n // nchunks
         for i in range(a, b):
             for m in range(k):
-                s0 = 0.0
-                s1 = 0.0
-                s2 = 0.0
-                s3 = 0.0
+                s0, s1, s2, s3 = Y[i, m], 0.0, 0.0, 0.0
+                c0, c1, c2, c3 = 0.0, 0.0, 0.0, 0.0
                 for j in range(0, p4, 4):
-                    s0 += X[i, j] * Bt[m, j]
-                    s1 += X[i, j + 1] * Bt[m, j + 1]
-                    s2 += X[i, j + 2] * Bt[m, j + 2]
-                    s3 += X[i, j + 3] * Bt[m, j + 3]
+                    s0, c0 = _dot2_step(s0, c0, X[i, j], Bt[m, j])
+                    s1, c1 = _dot2_step(s1, c1, X[i, j + 1], Bt[m, j + 1])
+                    s2, c2 = _dot2_step(s2, c2, X[i, j + 2], Bt[m, j + 2])
+                    s3, c3 = _dot2_step(s3, c3, X[i, j + 3], Bt[m, j + 3])
                 for j in range(p4, p):
-                    s0 += X[i, j] * Bt[m, j]
-                t = Y[i, m] - ((s0 + s1) + (s2 + s3))
-                nrm[c, m] += t * t
+                    s0, c0 = _dot2_step(s0, c0, X[i, j], Bt[m, j])
+                t, e = _two_sum(s0, s1)
+                comp = c0 + c1 + c2 + c3 + e
+                t, e = _two_sum(t, s2)
+                comp += e
+                t, e = _two_sum(t, s3)
+                r_hi, r_lo = _two_sum(t, comp + e)
+                nrm[c, m] += r_hi * r_hi
                 for j in range(p):
-                    v = t * X[i, j]
+                    x = X[i, j]
+                    v = r_hi * x
                     h = hi[c, m, j]
                     s = h + v
                     bp = s - h
-                    lo[c, m, j] += (h - (s - bp)) + (v - bp)
+                    lo[c, m, j] += (h - (s - bp)) + (v - bp) + (_fma(r_hi, x, -v) + r_lo * x)
                     hi[c, m, j] = s
     out = np.zeros((p, k))
     norms = np.zeros(k)

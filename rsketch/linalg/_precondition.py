@@ -226,25 +226,40 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log):
     target = tol * frob
     aim = AIM * target  # steps continue below tol while they pay, so that a result is not at the line
     iterations = 0
-    previous = np.full(k, np.inf)
+    prev_fe = np.full(k, np.inf)
+    best = {"est": np.full(k, np.inf), "coef": coef.copy(), "rnorm": np.zeros(k)}
+    strikes = np.zeros(k, dtype=int)  # steps in a row that did not halve the best estimate
     at_floor = np.ones(k, dtype=bool)  # whether the last inner solve stopped at its rounding floor
     kappa_u = max(factor.kappa, 1.0) * _U
     s_min = factor.s[factor.rank - 1] if factor.rank else 0.0
     for step in range(MAX_STEPS + 1):
         g, rn2 = design.residual_gradient(Y, coef, accurate=step > 0)
         rnorm = np.sqrt(rn2)
+        c = factor.M.T @ g
         todo = np.ones(k, dtype=bool)
         if step > 0:
             est = backward_error_estimate(factor, g, rnorm, coef)
             log.backward_errors.append(float(est.max() / frob) if frob > 0 else 0.0)
-            # A column is done at the stable level once its last correction was solved past the
-            # rounding floor; one that stopped at the floor left a correction for the next step.
-            todo = (est > aim) | (at_floor & (step < 2))
-            stalled = (est > STEP_GAIN * previous) & (est > aim)
-            if not todo.any() or step == MAX_STEPS or iterations >= max_iter or stalled[todo].all():
-                return coef, iterations, bool((est <= target).all()), rnorm, est / frob if frob else est
-            previous = est
-        c = (factor.M.T @ g) * todo  # finished columns stay as they are
+            # Near cond(X) = 1/u a step can make the estimate worse: keep the best iterate, and allow
+            # a column two steps in a row without halving it before giving up.
+            strikes = np.where(est < STEP_GAIN * best["est"], 0, strikes + 1)
+            better = est < best["est"]
+            best["est"] = np.where(better, est, best["est"])
+            best["coef"][:, better] = coef[:, better]
+            best["rnorm"] = np.where(better, rnorm, best["rnorm"])
+            # The forward error's estimate: coef - coef_opt = (X.T X)^+ g, about M M.T g.
+            cn = np.sqrt(np.einsum("ij,ij->j", coef, coef))
+            fe = np.sqrt(np.einsum("ij,ij->j", factor.M @ c, factor.M @ c)) / np.where(cn > 0, cn, 1.0)
+            need_be, need_fe = best["est"] > aim, fe > 2 * _U
+            # A step that stopped at the rounding floor leaves a correction for the next (SPIR's
+            # second step); otherwise a column goes on while a measure it has not met still falls.
+            go = (at_floor & (step < 2)) | (need_be & (strikes < 2)) | (need_fe & (fe < STEP_GAIN * prev_fe))
+            if not go.any() or step == MAX_STEPS or iterations >= max_iter:
+                est = best["est"]
+                converged = bool((est <= target).all())
+                return best["coef"], iterations, converged, best["rnorm"], est / frob if frob else est
+            todo, prev_fe = go, fe
+        c = c * todo  # finished columns stay as they are
         floor = 0.1 * kappa_u * np.sqrt(np.einsum("ij,ij->j", c, c))
         # Solve until the correction's remaining error, at most ||rho|| / s_min, is a tenth of u ||coef||,
         # or to where rounding stops the inner solve anyway (about kappa u relative to ||c||).

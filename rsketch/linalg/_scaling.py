@@ -89,11 +89,17 @@ def unscale(coef: np.ndarray, x_shift: int, y_shifts: np.ndarray) -> np.ndarray:
     """
     if x_shift == 0 and not y_shifts.any():
         return coef
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
         out = np.ldexp(coef, (y_shifts - x_shift)[None, :])
     if not np.isfinite(out).all():
         raise ValueError(
             "the least-squares solution is beyond the float64 range (its entries would overflow): "
             "rescale X or y"
+        )
+    lost = (np.abs(coef).max(axis=0) > 0) & (np.abs(out).max(axis=0) < np.finfo(np.float64).tiny)
+    if lost.any():
+        raise ValueError(
+            "the least-squares solution is below the float64 range (its entries would underflow to "
+            "subnormals or zero): rescale X or y"
         )
     return out

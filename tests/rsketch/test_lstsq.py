@@ -281,7 +281,8 @@ def test_result_fields_and_log():
     assert len(log.gradient_norms) == res.iterations  # one CG measure per pass
     # One backward-error estimate per refinement step, the last one the result's, at the stable level.
     assert log.backward_errors and log.backward_error.shape == (2,)
-    assert log.backward_errors[-1] == log.backward_error.max() <= 10 * np.finfo(float).eps / 2
+    assert log.backward_error.max() <= min(log.backward_errors) + 1e-30
+    assert log.backward_error.max() <= 10 * np.finfo(float).eps / 2
     assert "precondition" in repr(res)
     assert rsketch.linalg.default_sketch_size("ihs", 10**6, 30) == 300
 

@@ -12,6 +12,7 @@ import time
 from .api import METHODS, generate
 from .drafters import DRAFTERS
 from .loading import load_model
+from .tokenizer import check_text
 
 DEMO_QUESTIONS = [
     "What is the capital of France?",
@@ -22,10 +23,15 @@ DEMO_QUESTIONS = [
 
 
 def _generate(args) -> int:
+    check_text(args.prompt, "the prompt")  # before loading: bytes that are not UTF-8 fail here
     model, tok = load_model(args.model)
     prompt = args.prompt
-    if args.chat:
-        prompt = tok.apply_chat_template([{"role": "user", "content": prompt}])
+    if args.chat:  # the template's control tokens; the prompt's text stays text unless --special
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], allow_special_in_content=args.special
+        )
+    elif args.special:
+        prompt = tok.encode(prompt, special=True)
     batch = args.batch
 
     def stream(i, text):
@@ -67,8 +73,14 @@ def _speculative_kwargs(args, batch) -> dict:
         return {}
     kw = {"method": args.method, "drafter": args.drafter, "max_draft": args.max_draft}
     if args.reference is not None:
-        with open(args.reference, encoding="utf-8") as f:
-            kw["references"] = [f.read()] * batch
+        try:
+            with open(args.reference, encoding="utf-8") as f:
+                kw["references"] = [f.read()] * batch
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"--reference {args.reference}: not valid UTF-8 "
+                f"(byte 0x{e.object[e.start]:02x} at offset {e.start})"
+            ) from None
     if args.no_budget:
         kw["draft_budget"] = None
     return kw
@@ -133,6 +145,11 @@ def main(argv=None) -> int:
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument(
+        "--special", action="store_true",
+        help="read control-token spellings in the prompt (e.g. <|im_end|>) as control tokens; "
+        "by default they are plain text, with or without --chat",
+    )  # fmt: skip
     g.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     g.add_argument(
         "--method",

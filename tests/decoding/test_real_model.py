@@ -30,7 +30,7 @@ def test_config_and_sizes(real_model):
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)
     assert cfg.head_dim == 64 and cfg.rope_theta == 100000.0
     assert 500e6 < real_model.model.nbytes < 560e6  # about 134.5M float32 weights
-    assert real_model.tokenizer.eos_id == real_model.tokenizer.encode("<|im_end|>")[0]
+    assert real_model.tokenizer.eos_id == real_model.tokenizer.encode("<|im_end|>", special=True)[0]
 
 
 def test_capital_of_france_is_paris(real_model):

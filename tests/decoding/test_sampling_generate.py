@@ -62,7 +62,7 @@ def test_tiny_tokenizer(tiny64):
         assert tok.decode(ids) == text
     assert tok.encode(" the") == [tok.vocab_size - 3 - 1 - 2]  # the merged "Ġthe" token (id 258)
     assert tok.encode("12") == [ord("1"), ord("2")]  # byte-level ids of the digit characters
-    ids = tok.encode("<|im_start|>hi<|im_end|>")
+    ids = tok.encode("<|im_start|>hi<|im_end|>", special=True)  # parsed only when asked
     assert ids[0] == tok.vocab_size - 2 and ids[-1] == tok.eos_id and len(ids) == 4
     assert tok.decode(ids) == "hi"
     chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rsketch._validation import check_seed  # the one seed check of both packages
+
 from ._threads import blas_threads
 from .autoregressive import autoregressive_generate
 from .loading import MODELS, LoadedModel, load_model, model_path
@@ -12,6 +14,7 @@ from .results import GenerationResult
 from .sampling import SamplingParams
 from .scheduling import check_max_batch
 from .speculative import LAYOUTS, prepare_speculative, speculative_generate
+from .tokenizer import check_text, check_token_ids
 
 __all__ = ["LoadedModel", "load_model", "generate", "model_path", "MODELS", "METHODS"]
 
@@ -29,17 +32,30 @@ def _prompt_ids(tokenizer, prompts, vocab_size) -> list[list[int]]:
         if isinstance(p, str):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty")
-            ids = tokenizer.encode(p)
+            ids = tokenizer.encode(check_text(p, f"prompts[{i}]"))
         elif isinstance(p, (list, tuple, np.ndarray)):
-            ids = [int(t) for t in p]
-            if any(t < 0 or t >= vocab_size for t in ids):
-                raise ValueError(f"prompts[{i}] has token ids outside [0, {vocab_size})")
+            ids = check_token_ids(p, f"prompts[{i}]", vocab_size)
         else:
             raise TypeError(f"prompts[{i}] must be a str or a list of token ids, got {type(p).__name__}")
         if not ids:
             raise ValueError(f"prompts[{i}] is empty (no tokens)")
         out.append(ids)
     return out
+
+
+def _stop_strings(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)):
+        raise TypeError(f"stop must be a string, a list of strings or None, got {type(stop).__name__}")
+    for j, s in enumerate(stop):
+        if not isinstance(s, str):
+            raise TypeError(f"stop[{j}] must be a string, got {type(s).__name__} {s!r}")
+        if not s:
+            raise ValueError(f"stop[{j}] is empty: stop strings must be non-empty")
+    return list(stop)
 
 
 def _loop_arguments(
@@ -60,14 +76,17 @@ def _loop_arguments(
     """Validate what both loops take (in :func:`generate`'s order); their keyword arguments."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a decoding.Model, got {type(model).__name__}")
+    if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
+        raise TypeError(
+            f"tokenizer must be a decoding.Tokenizer (with encode and decode), got {type(tokenizer).__name__}"
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
         raise TypeError(f"max_new_tokens must be an integer, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     sampling = SamplingParams(temperature, top_k, top_p)
-    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) and s for s in stop):
-        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+    stop = _stop_strings(stop)
+    seed = check_seed(seed)
     if stream is not None and not callable(stream):
         raise TypeError("stream must be a callable stream(index, text) or None")
     ids = _prompt_ids(tokenizer, prompts, model.config.vocab_size)
@@ -81,11 +100,13 @@ def _loop_arguments(
     # before the drafter and the cost model are set up (measuring a cost curve takes a while)
     max_batch = check_max_batch(max_batch, n_prompts=len(ids), padded=method == "vanilla")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    eos = [e for e in (tokenizer.eos_id, getattr(tokenizer, "eot_id", None)) if e is not None]
+    eos = [
+        e for e in (getattr(tokenizer, "eos_id", None), getattr(tokenizer, "eot_id", None)) if e is not None
+    ]
     if method not in METHODS:
         raise ValueError(f"method must be 'autoregressive', 'ems' or 'vanilla', got {method!r}")
     return dict(
-        prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=sampling, stop=list(stop), rng=rng,
+        prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=sampling, stop=stop, rng=rng,
         stream=stream, eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
 
@@ -116,7 +137,11 @@ def generate(
     model : Model
     tokenizer : Tokenizer
     prompts : str, list of str, or list of lists of token ids
-        Each is tokenized as is (apply ``tokenizer.apply_chat_template`` first for chat).
+        A plain ``str`` is tokenized as plain text (``tokenizer.encode``: a control token's
+        spelling such as ``<|im_end|>`` stays text); a :class:`~decoding.tokenizer.ChatPrompt` from
+        ``tokenizer.apply_chat_template`` gives its template's control tokens. Token ids are
+        Python or NumPy integers (floats, strings and bools raise ``TypeError``); pass
+        ``tokenizer.encode(text, special=True)`` to read control-token spellings in trusted text.
     max_new_tokens : int
         At most this many tokens per prompt; prompt plus new tokens must fit the context.
     temperature : float, default 0.0
@@ -128,8 +153,9 @@ def generate(
     stop : str or list of str, optional
         A sequence stops (and its text is cut) when its text contains one of these.
         Sequences also stop at the tokenizer's EOS token.
-    seed : int or numpy.random.Generator, optional
-        Seed of the sampler (ignored when greedy).
+    seed : int, numpy.random.SeedSequence or numpy.random.Generator, optional
+        Seed of the sampler (ignored when greedy): a non-negative int (checked by rsketch's
+        ``check_seed``, as rsketch's own seeds are).
     stream : callable, optional
         ``stream(i, text)`` receives each new piece of the text of prompt ``i`` as it is generated.
     method : {"autoregressive", "ems", "vanilla"}, default "autoregressive"

@@ -39,6 +39,7 @@ from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, filtered_probs, sample
 from .scheduling import Outputs, SlotQueue, check_max_batch
+from .tokenizer import check_text, check_token_ids
 
 __all__ = [
     "speculative_generate",
@@ -118,14 +119,14 @@ def _references(tokenizer, references, n_prompts: int):
     """One int array per prompt from ``references`` (texts or token ids), or None."""
     if references is None:
         return None
-    if isinstance(references, str) or len(references) != n_prompts:
+    if not isinstance(references, (list, tuple)) or len(references) != n_prompts:
         raise ValueError(f"references must be a list with one entry per prompt ({n_prompts})")
     refs = []
     for i, r in enumerate(references):
-        if isinstance(r, str):
-            refs.append(np.array(tokenizer.encode(r), dtype=np.int64))
+        if isinstance(r, str):  # plain text: a control token's spelling stays text
+            refs.append(np.array(tokenizer.encode(check_text(r, f"references[{i}]")), dtype=np.int64))
         elif isinstance(r, (list, tuple, np.ndarray)):
-            refs.append(np.asarray(r, dtype=np.int64).reshape(-1))
+            refs.append(np.array(check_token_ids(r, f"references[{i}]"), dtype=np.int64))
         else:
             raise TypeError(f"references[{i}] must be a str or a list of token ids, got {type(r).__name__}")
     return refs

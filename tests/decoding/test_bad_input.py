@@ -1,0 +1,134 @@
+"""Clear errors that name the argument at fault (issue 17, item 6: the decoding cases)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from decoding import cli, generate
+
+
+@pytest.mark.parametrize(
+    ("prompts", "kwargs", "exc", "match"),
+    [
+        ("hi \ud800", {}, ValueError, r"^prompts\[0\] is not valid text: character 3 .*U\+D800"),
+        (["ok", "a\udcff"], {}, ValueError, r"^prompts\[1\] is not valid UTF-8: .*byte 0xff"),
+        ("ok", {"stop": 5}, TypeError, r"^stop must be a string, a list of strings or None, got int"),
+        ("ok", {"stop": ["a", 3]}, TypeError, r"^stop\[1\] must be a string"),
+        ("ok", {"stop": ["a", ""]}, ValueError, r"^stop\[1\] is empty"),
+        ("ok", {"seed": "abc"}, TypeError, r"^seed must be None, a non-negative int"),
+        ("ok", {"seed": -1}, ValueError, r"^seed must be a non-negative integer, got -1"),
+        ("ok", {"seed": 1.5}, TypeError, r"^seed must be"),
+        ("ok", {"seed": True}, TypeError, r"^seed must be"),
+        ([[1.9, 2.7]], {}, TypeError, r"^prompts\[0\]\[0\] must be an integer token id, got float 1.9"),
+        ([["1", "2"]], {}, TypeError, r"^prompts\[0\]\[0\] must be an integer token id, got str"),
+        ([[1, True]], {}, TypeError, r"^prompts\[0\]\[1\] must be an integer token id, got bool"),
+        ([[1, np.float64(2)]], {}, TypeError, r"^prompts\[0\]\[1\]"),
+        (
+            [np.array([1.0, 2.0])],
+            {},
+            TypeError,
+            r"^prompts\[0\] must hold integer token ids, got dtype float64",
+        ),
+        (
+            [np.array([True, False])],
+            {},
+            TypeError,
+            r"^prompts\[0\] must hold integer token ids, got dtype bool",
+        ),
+        ([np.array([[1, 2]])], {}, TypeError, r"^prompts\[0\] must be a 1-D array"),
+        ([[1, 99999]], {}, ValueError, r"^prompts\[0\] has token ids outside \[0, 264\): 99999 at index 1"),
+        ([[1, -1]], {}, ValueError, r"^prompts\[0\] has token ids outside"),
+        ("ok", {"method": "ems", "references": [[1.5]]}, TypeError, r"^references\[0\]\[0\]"),
+        ("ok", {"method": "ems", "references": ["\ud800"]}, ValueError, r"^references\[0\] is not valid"),
+    ],
+)
+def test_generate_names_the_bad_argument(tiny64, prompts, kwargs, exc, match):
+    model, tok = tiny64
+    with pytest.raises(exc, match=match):
+        generate(model, tok, prompts, max_new_tokens=2, **kwargs)
+
+
+@pytest.mark.parametrize("tokenizer", [None, "tok", object()])
+def test_generate_needs_a_tokenizer(tiny64, tokenizer):
+    with pytest.raises(
+        TypeError, match=r"^tokenizer must be a decoding.Tokenizer .*got (NoneType|str|object)"
+    ):
+        generate(tiny64.model, tokenizer, "ok", max_new_tokens=2)
+
+
+def test_integer_ids_and_seeds_that_are_fine(tiny64):
+    model, tok = tiny64
+    ids = tok.encode("the cat")
+    ref = generate(model, tok, [ids], max_new_tokens=3).tokens
+    for p in (np.array(ids, dtype=np.int32), np.array(ids, dtype=np.uint16), [np.int64(t) for t in ids]):
+        assert generate(model, tok, [p], max_new_tokens=3).tokens == ref
+    kw = dict(max_new_tokens=4, temperature=1.0)
+    a = generate(model, tok, "the", seed=7, **kw).tokens
+    assert generate(model, tok, "the", seed=np.int64(7), **kw).tokens == a
+    assert generate(model, tok, "the", seed=np.random.SeedSequence(7), **kw).tokens == a
+    assert generate(model, tok, "the", seed=np.random.default_rng(7), **kw).tokens == a
+
+
+def test_tokenizer_encode_names_its_argument(tiny64):
+    tok = tiny64.tokenizer
+    with pytest.raises(ValueError, match=r"^text is not valid text: character 3 is a lone surrogate U\+D800"):
+        tok.encode("hi \ud800")
+    with pytest.raises(TypeError, match="^text must be a str, got NoneType"):
+        tok.encode(None)
+
+
+# -- the command line ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [
+        ("hi \ud800", r"^error: the prompt is not valid text: character 3 is a lone surrogate U\+D800"),
+        (
+            "hi \udcff",
+            r"^error: the prompt is not valid UTF-8: character 3 is U\+DCFF, the undecodable byte 0xff",
+        ),
+    ],
+)
+def test_cli_bad_text(tiny_path, capsys, monkeypatch, prompt, match):
+    loaded = []
+    monkeypatch.setattr(cli, "load_model", lambda name: loaded.append(name))
+    assert cli.main(["generate", prompt, "--model", str(tiny_path[0])]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    assert loaded == []  # refused before the model is loaded
+    assert cli.main(["generate", prompt, "--model", str(tiny_path[0]), "--chat"]) == 2
+    assert re.match(match, capsys.readouterr().err)
+
+
+def test_cli_invalid_utf8_argument(tiny_path):
+    """Raw bytes that are not UTF-8 on the command line, as a shell passes them."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "decoding", "generate", b"hi \xff\xfe", "--model", str(tiny_path[0])],
+        capture_output=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+        env={"PYTHONIOENCODING": "utf-8", "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"},
+    )
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2, err
+    assert "error: the prompt is not valid UTF-8: character 3 is U+DCFF, the undecodable byte 0xff" in err
+    assert "Traceback" not in err and "TextInputSequence" not in err
+
+
+def test_cli_reference_not_utf8(tiny_path, tmp_path, capsys):
+    ref = tmp_path / "ref.bin"
+    ref.write_bytes(b"the cat \xff sat")
+    args = ["generate", "the cat", "--model", str(tiny_path[0]), "--method", "ems", "--reference", str(ref)]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--reference {ref}: not valid UTF-8 (byte 0xff at offset 8)" in err
+
+
+def test_cli_bad_seed(tiny_path, capsys):
+    args = ["generate", "the", "--model", str(tiny_path[0]), "--temperature", "1", "--seed", "-1"]
+    assert cli.main(args) == 2
+    assert "error: seed must be a non-negative integer, got -1" in capsys.readouterr().err

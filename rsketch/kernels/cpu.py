@@ -686,6 +686,65 @@ def _residual_gradient_py(X, Y, B, nchunks):  # pragma: no cover - compiled
     return out, norms
 
 
+def _residual_gradient_compensated_py(X, Y, B, nchunks):  # pragma: no cover - compiled
+    """``(X.T @ (Y - X @ B), colwise ||Y - X @ B||**2)`` in one pass over ``X`` and ``Y``.
+
+    The residual in plain arithmetic (four interleaved partial sums, no reassociation), the sum over
+    rows of ``X.T r`` in double-double (TwoSum per term, a compensation accumulator per entry; each
+    lane ``j`` is independent, so it vectorises). Enough where the residual is not small: its rounding
+    errors, about ``u (|y| + |X| |B|)`` per row and unrelated to ``range(X)``, reach ``X.T r`` only
+    through their projection, ``sqrt(p / n)`` of their size. About twice a plain pass.
+    """
+    n, p = X.shape
+    k = B.shape[1]
+    hi = np.zeros((nchunks, k, p))
+    lo = np.zeros((nchunks, k, p))
+    nrm = np.zeros((nchunks, k))
+    Bt = np.ascontiguousarray(B.T)
+    p4 = p - p % 4
+    for c in prange(nchunks):
+        a = c * n // nchunks
+        b = (c + 1) * n // nchunks
+        for i in range(a, b):
+            for m in range(k):
+                s0 = 0.0
+                s1 = 0.0
+                s2 = 0.0
+                s3 = 0.0
+                for j in range(0, p4, 4):
+                    s0 += X[i, j] * Bt[m, j]
+                    s1 += X[i, j + 1] * Bt[m, j + 1]
+                    s2 += X[i, j + 2] * Bt[m, j + 2]
+                    s3 += X[i, j + 3] * Bt[m, j + 3]
+                for j in range(p4, p):
+                    s0 += X[i, j] * Bt[m, j]
+                t = Y[i, m] - ((s0 + s1) + (s2 + s3))
+                nrm[c, m] += t * t
+                for j in range(p):
+                    v = t * X[i, j]
+                    h = hi[c, m, j]
+                    s = h + v
+                    bp = s - h
+                    lo[c, m, j] += (h - (s - bp)) + (v - bp)
+                    hi[c, m, j] = s
+    out = np.zeros((p, k))
+    norms = np.zeros(k)
+    for m in range(k):
+        for c in range(nchunks):
+            norms[m] += nrm[c, m]
+        for j in range(p):
+            sh = 0.0
+            sl = 0.0
+            for c in range(nchunks):
+                v = hi[c, m, j]
+                s = sh + v
+                bp = s - sh
+                sl += (sh - (s - bp)) + (v - bp) + lo[c, m, j]
+                sh = s
+            out[j, m] = sh + sl
+    return out, norms
+
+
 # Each kernel is compiled twice, with threads (prange) for large inputs and serial for small ones,
 # where waking a thread pool costs more than the work (the same _PARALLEL_MIN_ENTRIES line).
 _gram_block = (
@@ -693,6 +752,10 @@ _gram_block = (
     njit(parallel=True, fastmath=_FM, cache=True)(_gram_apply_block_py),
 )
 _resgrad = (njit(cache=True)(_residual_gradient_py), njit(parallel=True, cache=True)(_residual_gradient_py))
+_resgrad_compensated = (
+    njit(cache=True)(_residual_gradient_compensated_py),
+    njit(parallel=True, cache=True)(_residual_gradient_compensated_py),
+)
 _resgrad_fast = (
     njit(fastmath=_FM, cache=True)(_residual_gradient_fast_py),
     njit(parallel=True, fastmath=_FM, cache=True)(_residual_gradient_fast_py),
@@ -710,12 +773,14 @@ def gram_apply(X, V, nchunks):
     return _pick(_gram_block, X)(X, np.ascontiguousarray(V), nchunks)
 
 
-def residual_gradient(X, Y, B, nchunks, accurate=True):
+def residual_gradient(X, Y, B, nchunks, accuracy="exact"):
     """``(X.T @ (Y - X @ B), colwise ||Y - X @ B||**2)`` in one pass.
 
-    ``accurate=True``: the compensated kernel (:func:`_residual_gradient_py`), about twice the time
-    of a plain pass; ``False``: plain sums with reassociation, for a gradient whose rounding does
-    not matter (the first one from a warm start, which later rounds correct).
+    ``accuracy``: ``"exact"``, the error-free kernel (:func:`_residual_gradient_py`, Dot2 residual
+    and double-double sum, about four plain passes of time); ``"compensated"``, a plain residual
+    and a double-double sum (about two), enough where the residual is not small; ``"fast"``, plain
+    sums with reassociation, for a gradient whose rounding does not matter (the first one from a
+    warm start, which later steps correct).
     """
-    pair = _resgrad if accurate else _resgrad_fast
+    pair = {"exact": _resgrad, "compensated": _resgrad_compensated, "fast": _resgrad_fast}[accuracy]
     return _pick(pair, X)(X, Y, np.ascontiguousarray(B), nchunks)

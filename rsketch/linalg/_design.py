@@ -50,12 +50,20 @@ class Design:
         T = np.asarray(X @ V)
         return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
 
-    def residual_gradient(self, Y, B, accurate=True):
-        """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``; ``Y`` ``(n, k)``, ``B`` ``(p, k)``."""
+    def residual_gradient(self, Y, B, accuracy="exact"):
+        """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``; ``Y`` ``(n, k)``, ``B`` ``(p, k)``.
+
+        ``accuracy`` as for :func:`rsketch.kernels.cpu.residual_gradient`. The careful modes run
+        the one-pass kernel on every layout: other layouts go through it in C-ordered blocks of
+        rows, whose partial gradients are summed in double-double.
+        """
         X = self.X
         k = B.shape[1]
-        if self.fused and k <= _FUSED_MAX_K:
-            return cpu.residual_gradient(X, Y, np.ascontiguousarray(B), self._chunks, accurate)
+        B = np.ascontiguousarray(B)
+        if self.fused and (k <= _FUSED_MAX_K or accuracy != "fast"):
+            return cpu.residual_gradient(X, Y, B, self._chunks, accuracy)
+        if accuracy != "fast":
+            return self._blocked_careful_gradient(Y, B, accuracy)
         if self.fused:
             out = np.zeros((X.shape[1], k))
             nrm = np.zeros(k)
@@ -67,3 +75,20 @@ class Design:
             return out, nrm
         T = Y - np.asarray(X @ B)
         return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
+
+    def _blocked_careful_gradient(self, Y, B, accuracy):
+        X = self.X
+        rows = max(1, min(_BLOCK_ROWS, (1 << 22) // max(1, X.shape[1])))  # blocks of at most 32 MB
+        hi = np.zeros((X.shape[1], B.shape[1]))
+        lo = np.zeros_like(hi)
+        nrm = np.zeros(B.shape[1])
+        for a in range(0, X.shape[0], rows):
+            Xb = X[a : a + rows]
+            Xb = np.ascontiguousarray(Xb.toarray() if self.sparse else Xb)
+            part, part_nrm = cpu.residual_gradient(Xb, np.ascontiguousarray(Y[a : a + rows]), B, 1, accuracy)
+            total = hi + part  # TwoSum: the blocks' partial gradients cancel, so their sum is kept exact
+            back = total - hi
+            lo += (hi - (total - back)) + (part - back)
+            hi = total
+            nrm += part_nrm
+        return hi + lo, nrm

@@ -118,7 +118,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
     t = 0
     while True:
         t0 = time.perf_counter()
-        g, rn2 = design.residual_gradient(Y, coef)
+        g, rn2 = design.residual_gradient(Y, coef, accuracy="compensated")
         t1 = time.perf_counter()
         S = fresh_sketch(S0, t)
         SX = apply_sketch(S, X)

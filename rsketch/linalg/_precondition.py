@@ -232,8 +232,10 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log):
     at_floor = np.ones(k, dtype=bool)  # whether the last inner solve stopped at its rounding floor
     kappa_u = max(factor.kappa, 1.0) * _U
     s_min = factor.s[factor.rank - 1] if factor.rank else 0.0
+    ynorm = np.sqrt(np.einsum("ij,ij->j", Y, Y))
+    rnorm = ynorm
     for step in range(MAX_STEPS + 1):
-        g, rn2 = design.residual_gradient(Y, coef, accurate=step > 0)
+        g, rn2 = design.residual_gradient(Y, coef, accuracy=_accuracy(step, rnorm, ynorm, design.shape[0]))
         rnorm = np.sqrt(rn2)
         c = factor.M.T @ g
         todo = np.ones(k, dtype=bool)
@@ -269,6 +271,21 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log):
         iterations += used
         coef += factor.M @ d
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _accuracy(step, rnorm, ynorm, n):
+    """How carefully step ``step`` computes its gradient, from the residual the last step left.
+
+    The first gradient only starts step 1, which the next one checks: plain sums. After that the
+    gradient judges the step, so it is summed in double-double; the residual itself is computed
+    error-free (Dot2) when it is small, ``||r|| < 32 ||y|| / sqrt(n)``. Above that, a plain residual's
+    rounding (about ``u ||y|| / sqrt(n)`` per row, unrelated to ``range(X)``) moves the backward-error
+    estimate by less than ``u / 32`` of ``||X||_F``.
+    """
+    if step == 0:
+        return "fast"
+    small = rnorm * math.sqrt(n) < 32.0 * ynorm
+    return "exact" if small.any() else "compensated"
 
 
 def _cg(design, M, c, target, budget, log):

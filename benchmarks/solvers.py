@@ -22,9 +22,13 @@ from threadpoolctl import threadpool_limits
 
 import rsketch
 from benchmarks._harness import Report, Target, median_time, peak_memory
+from rsketch.linalg import backward_error
 from rsketch.linalg.problems import make_problem
 
 THREADS = 2
+_U = np.finfo(np.float64).eps / 2
+# (kappa, ||e|| / ||X coef||): well- and ill-conditioned, and issue 16's case (1e12, residual 1e-6).
+CONDS = ((1e1, 1e-1), (1e8, 1e-1), (1e12, 1e-6))
 
 
 def _timed(fn):
@@ -44,8 +48,8 @@ def _rnorm(X, y, coef):
 def _dense_rows(report, grid, conds, repeats, target):
     met = {}
     for n, p in grid:
-        for cond in conds:
-            P = make_problem(n, p, cond=cond, exact=False, residual_size=1e-1, seed=0)
+        for cond, residual_size in conds:
+            P = make_problem(n, p, cond=cond, exact=False, residual_size=residual_size, seed=0)
             X, y = P.X, P.y
             ours = rsketch.lstsq(X, y, seed=0)  # warm-up (numba kernels load from cache)
             t_ours = median_time(lambda X=X, y=y: rsketch.lstsq(X, y, seed=0), repeats=repeats, warmup=0)
@@ -62,10 +66,16 @@ def _dense_rows(report, grid, conds, repeats, target):
             gelsd, t_np = _timed(lambda X=X, y=y: np.linalg.lstsq(X, y, rcond=None)[0])
             r_ours, r_gelsy = _rnorm(X, y, ours.coef), _rnorm(X, y, gelsy)
             fe_ours, fe_gelsy, fe_np = _ferr(ours.coef, P.coef), _ferr(gelsy, P.coef), _ferr(gelsd, P.coef)
-            contract = r_ours <= (1 + 1e-10) * r_gelsy and (cond > 1e8 or fe_ours <= 10 * fe_gelsy)
+            be_ours, be_gelsy = backward_error(X, y, ours.coef), backward_error(X, y, gelsy)
+            contract = (
+                r_ours <= (1 + 1e-10) * r_gelsy
+                and (cond > 1e8 or fe_ours <= 10 * fe_gelsy)
+                and be_ours <= max(10 * be_gelsy, 10 * _U)
+                and ours.converged
+            )
             report.rows.append(
                 {
-                    "case": f"n={n:,} p={p} kappa={cond:.0e}",
+                    "case": f"n={n:,} p={p} kappa={cond:.0e} resid={residual_size:.0e}",
                     "ours_s": t_ours,
                     "gelsy_s": t_gelsy,
                     "numpy_s": t_np,
@@ -78,12 +88,14 @@ def _dense_rows(report, grid, conds, repeats, target):
                     "fe_ours": fe_ours,
                     "fe_gelsy": fe_gelsy,
                     "fe_numpy": fe_np,
+                    "be_ours": be_ours,
+                    "be_gelsy": be_gelsy,
                     "contract": "met" if contract else "NOT met",
                     "peak_MB_ours": mem / 2**20,
                     "peak_MB_gelsy": mem_gelsy / 2**20,
                 }
             )
-            met[(n, p, cond)] = (t_gelsy / t_ours, contract, mem)
+            met[(n, p, cond)] = (t_gelsy / t_ours, contract, mem, t_ours)
             print(report.rows[-1], flush=True)
             del P, X, y
     return met
@@ -143,11 +155,11 @@ def run(quick: bool = False) -> Report:
 
     numba.set_num_threads(min(THREADS, numba.config.NUMBA_NUM_THREADS))
     if quick:
-        grid, conds, repeats, n_sp = [(50_000, 50)], (1e1, 1e8), 3, 50_000
+        grid, conds, repeats, n_sp = [(50_000, 50)], CONDS, 3, 50_000
         key = (50_000, 50)
     else:
         grid = [(500_000, 50), (500_000, 100), (500_000, 200), (2_000_000, 50)]
-        conds, repeats, n_sp = (1e1, 1e8), 3, 500_000
+        conds, repeats, n_sp = CONDS, 3, 500_000
         key = (500_000, 100)
     dense = Report(f"Dense least squares: rsketch.lstsq(method='precondition') vs LAPACK, {THREADS} threads")
     with threadpool_limits(THREADS):
@@ -156,8 +168,8 @@ def run(quick: bool = False) -> Report:
         _sparse_row(sparse, n_sp, 100 if not quick else 50, repeats)
         sas = Report("Sketch-and-solve, every operator (residual ratio against the optimum)")
         _sketch_and_solve_rows(sas, n_sp, 100 if not quick else 50, repeats)
-    for cond in conds:
-        speed, contract, _ = met[(*key, cond)]
+    for cond, _ in conds:
+        speed, contract, _, _ = met[(*key, cond)]
         dense.targets.append(
             Target(
                 f"n={key[0]:,}, p={key[1]}, kappa={cond:.0e}: >= 5x faster than scipy.linalg.lstsq (gelsy) "
@@ -166,13 +178,24 @@ def run(quick: bool = False) -> Report:
                 speed >= 5 and contract,
             )
         )
-    peak = max(m for _, _, m in met.values())
+    well, ill = met[(*key, CONDS[0][0])][3], met[(*key, CONDS[-1][0])][3]
+    dense.targets.append(
+        Target(
+            f"n={key[0]:,}, p={key[1]}: ill-conditioned (kappa=1e12, residual 1e-6) at most 2x the "
+            "well-conditioned time",
+            f"{ill / well:.2f}x ({ill:.3f} s against {well:.3f} s)",
+            ill <= 2 * well,
+        )
+    )
+    peak = max(m for _, _, m, _ in met.values())
     dense.targets.append(
         Target("peak traced memory of lstsq under 8 GB", f"{peak / 2**20:.1f} MB", peak < 8 * 2**30)
     )
     dense.notes.append(
         "resid_ratio-1: ||y - X coef|| of ours over gelsy's, minus 1 (contract: <= 1e-10). fe: "
-        "||coef - coef_true|| / ||coef_true|| (contract: ours <= 10x gelsy's, up to kappa 1e8). Times are "
+        "||coef - coef_true|| / ||coef_true|| (contract: ours <= 10x gelsy's, up to kappa 1e8). be: "
+        "Karlson-Walden backward error / ||X||_F by rsketch.linalg.backward_error (error-free residual; "
+        "contract: ours <= max(10x gelsy's, 10 u) and converged). Times are "
         "medians of 3 for ours, and for gelsy at the target's (n, p); other LAPACK times are single runs. "
         "The machine is shared (see docs/solvers.md). "
         "peak_MB: tracemalloc peak; lstsq does not copy X, and its numba kernels allocate only "

@@ -55,50 +55,58 @@ def lstsq(
     method : {"precondition", "sketch_and_solve", "ihs"}, default "precondition"
         ``"sketch_and_solve"``: ``argmin ||S (X coef - y)||``, the estimator Raskutti & Mahoney study
         (one sketch, no pass over ``X`` beyond it and the residual; accuracy ``1 + O(p/r)`` in the
-        squared residual). ``"precondition"``: sketch-and-precondition to the accuracy of a direct
-        solver (see :mod:`rsketch.linalg._precondition`). ``"ihs"``: iterative Hessian sketch
-        (Pilanci & Wainwright 2016), a fresh sketch each iteration (see :mod:`rsketch.linalg._ihs`).
+        squared residual). ``"precondition"``: sketch-and-precondition with iterative refinement,
+        backward stable like Householder QR (``docs/solvers.md`` derives why). ``"ihs"``: iterative
+        Hessian sketch (Pilanci & Wainwright 2016), a fresh sketch each iteration.
     seed : None, int, SeedSequence or Generator
         Randomness of the sketch(es); a fixed int gives the same answer bit for bit.
     tol : float in (0, 1), optional
-        Iterative methods stop when ``||M.T X.T (y - X coef)|| <= tol ||y||`` per column, ``M`` the
-        preconditioner from the current sketch; this is ``||X (coef - coef_opt)|| / ||y||`` up to the
-        sketch's distortion. Default ``4 eps`` (about ``8.9e-16``, precondition), ``1e-12`` (IHS). Ignored by
-        sketch-and-solve.
+        ``"precondition"``: the target backward error, relative to ``||X||_F`` (the Karlson-Walden
+        estimate from the sketch, per column); default ``10 u = 1.1e-15``, the stable level.
+        ``"ihs"``: stop when ``||M.T X.T (y - X coef)|| <= tol ||y||`` per column (default ``1e-12``).
+        Ignored by sketch-and-solve.
     max_iter : int, optional
-        Most iterations (passes over ``X``). Default: twice the count the sketch size predicts for a
-        ``1e-16`` reduction, plus 10 (precondition, about 50 at ``r = 40 p``); 100 for IHS.
+        Most iterations (passes over ``X``). Default: three times the count the sketch size predicts
+        for a ``1e-16`` reduction, plus 10 (precondition, 70 at ``r = 40 p``); 100 for IHS.
 
     Returns
     -------
     LstsqResult
         ``coef``, ``residual_norm``, ``iterations``, ``converged``, ``method``, ``sketch``, ``rank``,
-        ``sketch_size`` and ``log`` (timings of sketch, factorisation, presolve, iterations).
+        ``sketch_size`` and ``log`` (timings of sketch, factorisation, presolve, iterations; for
+        ``"precondition"`` the backward-error estimate, ``log.backward_error``). ``converged`` is True
+        for ``"precondition"`` only when that estimate is at most ``tol``.
 
     Raises
     ------
     ValueError
         ``n < p``; NaN or inf in ``X`` or ``y``; mismatched shapes; ``sketch_size < p`` for
-        ``"precondition"``/``"ihs"``; an unknown ``method`` or ``sketch``; ``tol`` outside (0, 1).
+        ``"precondition"``/``"ihs"``; an unknown ``method`` or ``sketch``; ``tol`` outside (0, 1); a
+        solution beyond float64's range (it would overflow, or underflow to subnormals).
     TypeError
         Non-numeric or complex input, a non-integer ``sketch_size`` or ``max_iter``.
 
     Warns
     -----
     ConvergenceWarning
-        When an iterative method stops before meeting ``tol``; then ``converged=False``.
+        When an iterative method stops before meeting ``tol`` (for ``"precondition"`` the message gives
+        the backward-error estimate); then ``converged=False``.
 
     Notes
     -----
     Rank-deficient ``X`` gives the minimum-norm solution, and ``rank`` counts the singular values
-    of ``S X`` above ``max(r, p) * eps`` times the largest (NumPy's ``matrix_rank`` rule). With a
-    subspace embedding this is the rank of ``X``.
+    of ``S X`` above ``8 u`` times the largest (``u = eps / 2``): dropping smaller ones perturbs ``X``
+    by at most ``8 u ||X||``, so the answer stays backward stable. Data of any finite scale is first
+    scaled by powers of two into a safe range (exact), as LAPACK's drivers do. float32 input is
+    solved in float64 and the answer is backward stable for the float32 data as given.
 
     References
     ----------
     Raskutti & Mahoney, JMLR 17 (2016). Rokhlin & Tygert, PNAS 2008. Avron, Maymounkov & Toledo,
     SISC 2010 (Blendenpik). Meng, Saunders & Mahoney, SISC 2014 (LSRN). Pilanci & Wainwright, JMLR
-    2016 (IHS). Epperly, Meier & Nakatsukasa, 2024 (forward and backward stability).
+    2016 (IHS). Meier, Nakatsukasa, Townsend & Webb, SIMAX 2024 (stability of
+    sketch-and-precondition). Epperly, Meier & Nakatsukasa, 2024 (SPIR: refinement makes it backward
+    stable; the backward-error estimate from the sketch).
 
     Examples
     --------

@@ -173,3 +173,54 @@ def make_problem(
     if n_rhs is None:
         y, coef, e = y[:, 0], coef[:, 0], e[:, 0]
     return Problem(X=X, y=y, coef=coef, residual=e, singular_values=s, rank=int(nz.sum()))
+
+
+def stability_problem(n, p, *, kappa, residual_norm, n_rhs=None, seed=0):
+    """The stability test family of Epperly, Meier & Nakatsukasa (2024) and Meier et al. (2023).
+
+    ``X = U diag(s) V.T`` with ``s`` log-spaced from 1 to ``1 / kappa`` (so ``||X|| = 1`` and
+    ``cond(X) = kappa``), a unit solution ``coef`` and ``y = X coef + r`` with ``r`` orthogonal to
+    ``range(U)`` and ``||r|| = residual_norm``. ``X`` and ``y`` are rounded when stored, so ``coef`` is
+    the minimiser of the exact data; for the stored data it is off by about
+    ``kappa^2 u residual_norm`` (compare forward errors against a solver's, not against ``coef``).
+
+    Parameters
+    ----------
+    n, p : int
+        Shape of ``X`` (``n > p``).
+    kappa : float >= 1
+    residual_norm : float >= 0
+    n_rhs : int, optional
+        ``y`` of shape ``(n, n_rhs)``.
+    seed : int
+
+    Returns
+    -------
+    Problem
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> P = stability_problem(500, 10, kappa=1e8, residual_norm=1e-3, seed=0)
+    >>> round(float(np.linalg.cond(P.X)) / 1e8, 3), round(float(np.linalg.norm(P.residual)), 6)
+    (1.0, 0.001)
+    """
+    n = check_int(n, "n", minimum=2)
+    p = check_int(p, "p", minimum=1, maximum=n - 1)
+    k = 1 if n_rhs is None else check_int(n_rhs, "n_rhs", minimum=1)
+    if not kappa >= 1:
+        raise ValueError(f"kappa must be >= 1, got {kappa!r}")
+    if not residual_norm >= 0:
+        raise ValueError(f"residual_norm must be >= 0, got {residual_norm!r}")
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((n, min(n, p + k))))[0]
+    V = np.linalg.qr(rng.standard_normal((p, p)))[0]
+    s = np.logspace(0, -np.log10(kappa), p)
+    X = (Q[:, :p] * s) @ V.T
+    coef = rng.standard_normal((p, k))
+    coef /= np.linalg.norm(coef, axis=0)
+    e = Q[:, p : p + k] * residual_norm  # orthonormal columns beyond range(X)
+    y = X @ coef + e
+    if n_rhs is None:
+        y, coef, e = y[:, 0], coef[:, 0], e[:, 0]
+    return Problem(X=X, y=y, coef=coef, residual=e, singular_values=s, rank=p)

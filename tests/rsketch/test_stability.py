@@ -19,20 +19,14 @@ from hypothesis import strategies as st
 import rsketch
 from rsketch.linalg import backward_error
 from rsketch.linalg._backward_error import accurate_gradient, accurate_residual
+from rsketch.linalg.problems import stability_problem
 
 U = np.finfo(np.float64).eps / 2
 
 
 def family(n, p, kappa, residual_norm, *, k=None, seed=0):
-    rng = np.random.default_rng(seed)
-    cols = p + (1 if k is None else k)
-    Q = np.linalg.qr(rng.standard_normal((n, cols)))[0]
-    V = np.linalg.qr(rng.standard_normal((p, p)))[0]
-    A = (Q[:, :p] * np.logspace(0, -np.log10(kappa), p)) @ V.T
-    x = rng.standard_normal((p, 1 if k is None else k))
-    x /= np.linalg.norm(x, axis=0)
-    b = A @ x + Q[:, p:] * residual_norm  # columns of Q beyond p are orthogonal to range(A)
-    return (A, b[:, 0], x[:, 0]) if k is None else (A, b, x)
+    P = stability_problem(n, p, kappa=kappa, residual_norm=residual_norm, n_rhs=k, seed=seed)
+    return P.X, P.y, P.coef
 
 
 def householder(A, b):

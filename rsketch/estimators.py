@@ -11,6 +11,7 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted, vali
 
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
 from rsketch.linalg import default_sketch_size, lstsq
+from rsketch.linalg._precondition import RANK_CUTOFF
 from rsketch.operators import SketchOperator
 
 
@@ -94,9 +95,9 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         )
         if r >= n or m < q:
             # Tiny data: a sketch as large as the data saves nothing. Solve directly (minimum norm,
-            # singular values below max(m, q) * eps * s_max dropped: the rank rule of rsketch.lstsq).
+            # singular values below 8 u s_max dropped: the rank rule of rsketch.lstsq).
             Ad = A.toarray() if sp.issparse(A) else A
-            coef = np.linalg.lstsq(Ad, b, rcond=None)[0]
+            coef = np.linalg.lstsq(Ad, b, rcond=RANK_CUTOFF * np.finfo(np.float64).eps / 2)[0]
             self.n_iter_ = 0
             self.solver_ = "direct"
         else:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-import threading
+import os
 
 import numpy as np
 import scipy.sparse as sp
-from threadpoolctl import ThreadpoolController
 
 _SPARSE_OK = ("csr", "csc", "coo")
 
@@ -216,42 +215,140 @@ def seed_sequence(seed, name: str = "seed") -> np.random.SeedSequence:
     return np.random.SeedSequence(seed)
 
 
+# ------------------------------------------------------------------------------------ sizes and memory
+# Rows, columns and Philox counters are int64 in the kernels: the largest size they can address.
+MAX_INDEX = 2**63 - 1
+# Allocations below this size are not checked (reading /proc/meminfo costs more than they do).
+_CHECK_FROM = 64 * 2**20
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes left under this process's cgroup (v2) memory limit, or None without a limit."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            base = "/sys/fs/cgroup" + line[3:].rstrip("/")
+            limit = _read_int(base + "/memory.max")  # "max" (no limit) reads as None
+            used = _read_int(base + "/memory.current")
+            if limit is not None and used is not None:
+                return max(0, limit - used)
+    return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still allocate without swapping, or None if unknown.
+
+    ``MemAvailable`` from ``/proc/meminfo`` (the kernel's estimate, page cache included), else
+    ``os.sysconf`` free pages; capped by the headroom under a cgroup v2 memory limit (containers).
+
+    Examples
+    --------
+    >>> m = available_memory()
+    >>> m is None or m > 0
+    True
+    """
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        avail = None
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = None
+    headroom = _cgroup_headroom()
+    if headroom is not None:
+        avail = headroom if avail is None else min(avail, headroom)
+    return avail
+
+
+def _format_bytes(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def check_allocation(nbytes: int, what: str, hint: str = "use smaller sizes") -> None:
+    """Raise ``MemoryError`` before allocating ``nbytes`` when the machine does not have them free.
+
+    ``what`` names the operation and its sizes, ``hint`` what the caller can do; the message
+    gives both figures. Allocations under 64 MiB are not checked.
+
+    Examples
+    --------
+    >>> check_allocation(10**3, "a small array")
+    >>> check_allocation(2**80, "S @ A with sketch_size=10**20", "use a smaller sketch_size")
+    Traceback (most recent call last):
+    ...
+    MemoryError: S @ A with sketch_size=10**20 needs 1.1e+12 TiB of memory, but only ... is available; ...
+    """
+    nbytes = int(nbytes)
+    if nbytes < _CHECK_FROM:
+        return
+    avail = available_memory()
+    if avail is not None and nbytes > avail:
+        raise MemoryError(
+            f"{what} needs {_format_bytes(nbytes)} of memory, but only {_format_bytes(avail)} "
+            f"is available; {hint}"
+        )
+
+
+def check_real(value, name: str) -> float:
+    """A real number (not a bool, not a string) as a float; ``TypeError`` naming ``name`` otherwise.
+
+    Examples
+    --------
+    >>> check_real(0.5, "uniform_mix")
+    0.5
+    >>> check_real("a", "uniform_mix")
+    Traceback (most recent call last):
+    ...
+    TypeError: uniform_mix must be a real number, got str 'a'
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
 # ------------------------------------------------------------------------------------ BLAS threads
-_BLAS_LOCK = threading.Lock()
-_BLAS_STATE = {"controller": None, "users": 0, "limiter": None}
-
-
 @contextlib.contextmanager
 def one_blas_thread():
-    """A context in which BLAS runs on one thread; the one such helper of the package.
+    """Kept for importers: a context that leaves the BLAS thread count exactly as it is.
 
-    Used around small dense factorisations (threaded LAPACK on a ``2000 x 100`` matrix costs more
-    in synchronisation than it saves) and around BLAS calls that run inside rsketch's own thread
-    pools. Entries from several Python threads share one limit: the first to enter sets it, the
-    last to leave restores the count it found, so overlapping calls never leave BLAS at one thread.
-    The controller is built once (building it scans the loaded libraries).
+    It used to limit BLAS to one thread around small dense factorisations (threaded LAPACK on a
+    ``2000 x 100`` matrix is slower on a busy 2-core machine). OpenBLAS's thread count is one
+    setting for the whole process, so a library call that changed it also changed the BLAS calls
+    that other threads were making at the time (their results, and for some shapes their bits).
+    rsketch therefore never changes it; a program that wants one-thread BLAS sets
+    ``OPENBLAS_NUM_THREADS=1`` or uses ``threadpoolctl.threadpool_limits(1, "blas")`` itself
+    (``docs/operators.md``, "Threads").
 
     Examples
     --------
     >>> from threadpoolctl import threadpool_info
     >>> before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
     >>> with one_blas_thread():
-    ...     inside = {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
-    >>> inside == {1}, [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
-    (True, True)
+    ...     inside = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    >>> inside == before
+    True
     """
-    with _BLAS_LOCK:
-        state = _BLAS_STATE
-        if state["users"] == 0:
-            if state["controller"] is None:
-                state["controller"] = ThreadpoolController()
-            state["limiter"] = state["controller"].limit(limits=1, user_api="blas")
-        state["users"] += 1
-    try:
-        yield
-    finally:
-        with _BLAS_LOCK:
-            state["users"] -= 1
-            if state["users"] == 0:
-                state["limiter"].restore_original_limits()
-                state["limiter"] = None
+    yield

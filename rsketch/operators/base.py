@@ -19,7 +19,14 @@ from scipy.sparse.linalg import LinearOperator
 
 from rsketch._backend import array_namespace, numpy_namespace
 from rsketch._random import key_from_seed
-from rsketch._validation import check_finite, check_float_dtype, check_int, check_operand
+from rsketch._validation import (
+    MAX_INDEX,
+    check_allocation,
+    check_finite,
+    check_float_dtype,
+    check_int,
+    check_operand,
+)
 
 # Entries per generated block in the block-summation paths: bounded memory (32 MB in float64).
 _BLOCK_ENTRIES = 1 << 22
@@ -60,8 +67,9 @@ class SketchOperator:
     kind: str = "abstract"
 
     def __init__(self, input_dim, sketch_size, *, seed=None, dtype=np.float64):
-        self.input_dim = check_int(input_dim, "input_dim", minimum=1)
-        self.sketch_size = check_int(sketch_size, "sketch_size", minimum=1)
+        # Kernels index rows, columns and Philox counters with int64: larger sizes cannot be addressed.
+        self.input_dim = check_int(input_dim, "input_dim", minimum=1, maximum=MAX_INDEX)
+        self.sketch_size = check_int(sketch_size, "sketch_size", minimum=1, maximum=MAX_INDEX)
         if not self._allows_oversize and self.sketch_size > self.input_dim:
             raise ValueError(
                 f"sketch_size must be <= input_dim for {type(self).__name__} (it selects distinct rows); "
@@ -122,11 +130,13 @@ class SketchOperator:
         True
         """
         start, stop = self._check_range(start, stop)
+        self._check_columns_memory(start, stop)
         return self._fast_columns(start, stop).astype(self.dtype, copy=False)
 
     def reference_columns(self, start: int, stop: int, xp=None):
         """Columns ``start:stop`` from the portable array-namespace path (NumPy by default)."""
         start, stop = self._check_range(start, stop)
+        self._check_columns_memory(start, stop)
         xp = xp or numpy_namespace()
         return self._reference_columns(start, stop, xp)
 
@@ -151,6 +161,15 @@ class SketchOperator:
         stop = check_int(stop, "stop", minimum=start, maximum=self.input_dim)
         return start, stop
 
+    def _check_columns_memory(self, start, stop):
+        # A dense block plus one temporary of its size (the generators build it in float64).
+        check_allocation(
+            16 * self.sketch_size * (stop - start),
+            f"columns {start}:{stop} of a {type(self).__name__} with sketch_size={self.sketch_size} "
+            f"(a dense {self.sketch_size} x {stop - start} block)",
+            "ask for fewer columns at a time",
+        )
+
     def _fast_columns(self, start, stop):
         return self._reference_columns(start, stop, numpy_namespace())
 
@@ -169,6 +188,13 @@ class SketchOperator:
             check_finite_values=not self._nonfinite_propagates,
             rows_label="the sketch's input_dim",
         )
+        k, itemsize = A.shape[1], _itemsize(A.dtype)
+        check_allocation(
+            self._apply_bytes(k, itemsize),
+            f"{type(self).__name__} @ A with sketch_size={self.sketch_size}, input_dim={self.input_dim} "
+            f"and {k} column(s) (the {self.sketch_size} x {k} output and the kernel's work arrays)",
+            "use a smaller sketch_size or apply the sketch to fewer columns at a time",
+        )
         with np.errstate(invalid="ignore", over="ignore"):  # a non-finite output is checked below
             if sp.issparse(A):
                 out = self._apply_sparse(A)
@@ -180,6 +206,14 @@ class SketchOperator:
         if self._nonfinite_propagates and not bool(xo.all(xo.isfinite(out))):
             check_finite(A, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
         return out[:, 0] if is_vector else out
+
+    # Bytes that S @ A (k columns of the given itemsize) and S.T @ Z allocate: the output and the
+    # kernels' work arrays. The defaults are those of the block-summation paths below.
+    def _apply_bytes(self, k: int, itemsize: int) -> int:
+        return itemsize * self.sketch_size * k * 2 + 16 * self.sketch_size * self._block_size()
+
+    def _adjoint_bytes(self, k: int, itemsize: int) -> int:
+        return itemsize * self.input_dim * k + 16 * self.sketch_size * self._block_size()
 
     def reference_apply(self, A):
         """``S @ A`` as the sum over column blocks of ``S[:, a:b] @ A[a:b]`` (portable path)."""
@@ -222,6 +256,13 @@ class SketchOperator:
 
     def _adjoint(self, Z):
         Z, is_vector = check_operand(Z, self.sketch_size, "Z", rows_label="the sketch's sketch_size")
+        k, itemsize = Z.shape[1], _itemsize(Z.dtype)
+        check_allocation(
+            self._adjoint_bytes(k, itemsize) + (itemsize * self.sketch_size * k if sp.issparse(Z) else 0),
+            f"{type(self).__name__}.T @ Z with input_dim={self.input_dim} and {k} column(s) "
+            f"(the {self.input_dim} x {k} output and the kernel's work arrays)",
+            "apply the adjoint to fewer columns at a time",
+        )
         if sp.issparse(Z):
             Z = Z.toarray()
         if isinstance(Z, np.ndarray):
@@ -266,6 +307,34 @@ class SketchOperator:
             rmatmat=lambda Z: self._adjoint(Z),
             dtype=self.dtype,
         )
+
+
+def _itemsize(dtype) -> int:
+    """Bytes per value of a float32/float64 dtype of any array namespace."""
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 4 if "float32" in str(dtype) else 8
+
+
+def canonical_csr(A):
+    """``A`` as CSR with sorted, unique column indices per row; a copy only when ``A`` is not so already.
+
+    The kernels' sums then do not depend on how duplicates were stored, and the caller's matrix is
+    never modified (``sum_duplicates`` works in place).
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.csr_matrix(([1.0, 2.0], [1, 1], [0, 2]), shape=(1, 2))  # column 1 stored twice
+    >>> canonical_csr(A).toarray()
+    array([[0., 3.]])
+    """
+    A = A.tocsr()
+    if not A.has_canonical_format:
+        A = A.copy()
+        A.sum_duplicates()
+    return A
 
 
 class AdjointSketch:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 
 from rsketch._random import STREAM_GAUSS, ZIG_X, ziggurat_columns
-from rsketch._validation import one_blas_thread
 from rsketch.kernels import cpu
-from rsketch.operators.base import SketchOperator
+from rsketch.operators.base import SketchOperator, canonical_csr
 
 
 class GaussianSketch(SketchOperator):
@@ -20,10 +18,14 @@ class GaussianSketch(SketchOperator):
     Column ``j`` is a pure function of the key and ``j``: its entries are the first ``r``
     accepted attempts of a 128-layer ziggurat (Marsaglia & Tsang 2000) fed by the Philox
     counters ``(j, q, STREAM_GAUSS)``, ``q = 0, 1, ...`` (see :mod:`rsketch._random`). ``S @ A``
-    generates ``S`` in column blocks (bounded memory, about 8 MB) with a compiled kernel,
-    parallel over columns, and multiplies each block with BLAS, so it never holds ``S`` whole.
+    and ``S.T @ Z`` run one compiled kernel each, parallel over ranges of columns of ``S``: it
+    generates ``S`` in tiles of 64 columns x 1024 rows (512 KiB, in cache) and multiplies each tile
+    into private accumulators with fused multiply-adds, without BLAS. Every output entry is summed
+    in an order fixed by the shape (see :func:`gaussian_lanes`), so the result is bitwise the same
+    for every thread count (``docs/operators.md``, "Reproducibility").
 
-    Cost: ``O(r n k)`` flops and ``r n`` normals per product; memory ``O(r k)`` plus one block.
+    Cost: ``O(r n k)`` flops and ``r n`` normals per product; memory: the output, at most
+    :data:`ACCUMULATOR_BYTES` of accumulators, and one tile per thread; ``S`` is never held whole.
     The best-understood sketch (exact finite-sample theory) and the slowest to apply.
 
     Parameters
@@ -87,32 +89,98 @@ class GaussianSketch(SketchOperator):
         G = ziggurat_columns(xp, self.key, start, stop, self.sketch_size)
         return G.T * (1.0 / math.sqrt(self.sketch_size))
 
-    def _apply_numpy(self, A):
-        n, r, k = self.input_dim, self.sketch_size, A.shape[1]
-        bs = self._block_size()
-        starts = list(range(0, n, bs))
-        n_workers = max(1, min(numba.get_num_threads(), len(starts)))
+    # ----------------------------------------------------------------------------- products
+    def _lanes(self, k: int) -> tuple[int, bool]:
+        return gaussian_lanes(self.input_dim, self.sketch_size, k)
 
-        def work(w):
-            # Worker w takes blocks w, w + n_workers, ...: generation (numba, no GIL) then a
-            # one-thread BLAS product, accumulated privately.
-            acc = np.zeros((r, k), dtype=A.dtype)
-            G = np.empty((bs, r), dtype=A.dtype)
-            for a in starts[w::n_workers]:
-                b = min(n, a + bs)
-                cpu.gaussian_columns_serial(
-                    self.key[0], self.key[1], a, b, r, STREAM_GAUSS, G[: b - a], ZIG_X
-                )
-                acc += G[: b - a].T @ A[a:b]
-            return acc
+    def _apply_bytes(self, k: int, itemsize: int) -> int:
+        r = self.sketch_size
+        lanes, direct = self._lanes(k)
+        acc = 8 * r * k * (1 if direct else lanes)
+        out = 0 if (direct and itemsize == 8) else itemsize * r * k
+        tiles = numba.get_num_threads() * 8 * cpu._GAUSS_COLS * (min(r, cpu._GAUSS_ROWS) + k)
+        return acc + out + tiles
 
-        if len(starts) == 1:  # one block: nothing to overlap, skip the pool set-up
-            parts = [work(0)]
-        else:
-            with one_blas_thread(), ThreadPoolExecutor(n_workers) as pool:
-                parts = list(pool.map(work, range(n_workers)))
-        out = parts[0]
-        for part in parts[1:]:
-            out += part
-        out *= A.dtype.type(1.0 / math.sqrt(r))
+    def _adjoint_bytes(self, k: int, itemsize: int) -> int:
+        tiles = numba.get_num_threads() * 8 * cpu._GAUSS_COLS * (min(self.sketch_size, cpu._GAUSS_ROWS) + k)
+        return itemsize * self.input_dim * k + 8 * self.sketch_size * k + tiles
+
+    def _finish(self, acc, lanes, direct, k, dtype):
+        r = self.sketch_size
+        scale = 1.0 / math.sqrt(r)
+        if direct:  # one lane, accumulated in the output itself (stored (k, r): returned transposed)
+            out = acc.reshape(k, r).T
+            out *= scale
+            return out if dtype == np.float64 else out.astype(dtype)
+        out = np.empty((r, k), dtype=dtype)
+        cpu.reduce_lanes(acc, lanes, k, r, scale, out)
         return out
+
+    def _apply_numpy(self, A):
+        k = A.shape[1]
+        lanes, direct = self._lanes(k)
+        acc = np.zeros(lanes * k * self.sketch_size)
+        cpu.gaussian_apply_dense(
+            self.key[0], self.key[1], self.sketch_size, STREAM_GAUSS, A, acc, lanes, ZIG_X
+        )
+        return self._finish(acc, lanes, direct, k, A.dtype)
+
+    def _apply_sparse(self, A):
+        A = canonical_csr(A)
+        n, k = A.shape
+        lanes, direct = self._lanes(k)
+        acc = np.zeros(lanes * k * self.sketch_size)
+        cpu.gaussian_apply_csr(
+            self.key[0],
+            self.key[1],
+            self.sketch_size,
+            STREAM_GAUSS,
+            A.indptr,
+            A.indices,
+            A.data,
+            n,
+            k,
+            acc,
+            lanes,
+            ZIG_X,
+        )
+        return self._finish(acc, lanes, direct, k, A.dtype)
+
+    def _adjoint_numpy(self, Z):
+        Zt = np.ascontiguousarray(Z.T, dtype=np.float64).reshape(-1)
+        out = np.empty((self.input_dim, Z.shape[1]), dtype=Z.dtype)
+        scale = 1.0 / math.sqrt(self.sketch_size)
+        cpu.gaussian_adjoint(self.key[0], self.key[1], self.sketch_size, STREAM_GAUSS, Zt, out, scale, ZIG_X)
+        return out
+
+
+# Private accumulators of S @ A: at most 64 lanes of >= 2048 columns of S each, together at most
+# ACCUMULATOR_BYTES. Both numbers are constants, so the lanes (and the result's bits) depend on the
+# shape (n, r, k) alone, never on the thread count or the memory free.
+ACCUMULATOR_BYTES = 256 * 2**20
+_MAX_LANES = 64
+_LANE_COLUMNS = 2048
+
+
+def gaussian_lanes(n: int, r: int, k: int) -> tuple[int, bool]:
+    """Lanes of a Gaussian ``S @ A`` of shape ``(r, n) @ (n, k)``, and whether the output is the accumulator.
+
+    Each lane sums its contiguous range of columns of ``S`` in ascending order into a private
+    ``k x r`` accumulator; the lanes are then added in order. When even one accumulator would exceed
+    :data:`ACCUMULATOR_BYTES` there is one lane, accumulated in the output's own memory.
+
+    Examples
+    --------
+    >>> gaussian_lanes(200_000, 1000, 10)
+    (64, False)
+    >>> gaussian_lanes(1000, 1000, 10)
+    (1, False)
+    >>> gaussian_lanes(100, 10**7, 4)
+    (1, True)
+    """
+    by_n = min(_MAX_LANES, max(1, n // _LANE_COLUMNS))
+    fit = ACCUMULATOR_BYTES // (8 * r * k)
+    if fit < 1:
+        return 1, True
+    lanes = min(by_n, fit)
+    return lanes, lanes == 1 and k == 1

@@ -165,7 +165,9 @@ def generate(
         Who proposes the drafts (speculative methods only); ``"draft_model"`` is the target
         truncated to a quarter of its layers; see :mod:`decoding.drafters`.
     max_draft : int, default 7
-        At most this many draft tokens per sample and step (the LLMA paper's copy length).
+        At most this many draft tokens per sample and step (the LLMA paper's copy length); a
+        draft never runs past ``max_new_tokens`` (nor, therefore, the context), and the caches
+        are sized by the draft length that can be used, not by ``max_draft``.
     references : list of str or of token-id lists, optional
         One reference text per prompt for the LLMA drafter (default: the prompt itself).
     draft_budget : "auto", None, DraftBudget or CostModel, default "auto"
@@ -182,6 +184,17 @@ def generate(
     -------
     GenerationResult
         Tokens, texts, finish reasons and timings (prefill and decode tokens/s, time per step).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument (the message names it), or a prompt that does not fit the context with
+        ``max_new_tokens``.
+    MemoryError
+        Before any large allocation, when the KV cache, the forwards' activations and logits
+        and the drafter's buffers, as estimated for this call (they grow with the batch,
+        ``max_new_tokens`` and ``max_draft``), exceed the memory available (``MemAvailable``);
+        the message gives both figures.
 
     Examples
     --------
@@ -200,6 +213,7 @@ def generate(
             return autoregressive_generate(model, tokenizer, **kw)
         spec = prepare_speculative(
             model, tokenizer, kw["prompt_ids"], drafter=drafter, max_draft=max_draft, references=references,
-            draft_budget=draft_budget, max_new_tokens=kw["max_new_tokens"],
+            draft_budget=draft_budget, max_new_tokens=kw["max_new_tokens"], layout=method,
+            max_batch=max_batch, sampling=kw["sampling"],
         )  # fmt: skip
         return speculative_generate(model, tokenizer, layout=method, **kw, **spec)

@@ -16,7 +16,7 @@ from ._xp import to_host
 from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, sample
-from .scheduling import Outputs, SlotQueue
+from .scheduling import Outputs, SlotQueue, check_memory, loop_memory
 
 __all__ = ["autoregressive_generate"]
 
@@ -57,6 +57,13 @@ def autoregressive_generate(
     -------
     GenerationResult
 
+    Raises
+    ------
+    MemoryError
+        Before anything is allocated, when the cache (``min(max_batch, prompts)`` sequences of
+        the longest prompt plus ``max_new_tokens`` slots), the prefill and a step's logits do
+        not fit the memory available (:func:`decoding.scheduling.loop_memory`).
+
     Examples
     --------
     >>> res = autoregressive_generate(model, tok, [tok.encode("Hi")], max_new_tokens=4,
@@ -65,8 +72,15 @@ def autoregressive_generate(
     4
     """
     queue = SlotQueue(len(prompt_ids), max_batch)
-    longest = max(len(p) for p in prompt_ids)
-    cache = model.new_cache(max_seqs=queue.slots, capacity=longest + max_new_tokens)
+    capacity = max(len(p) for p in prompt_ids) + max_new_tokens
+    parts = loop_memory(
+        model, [len(p) for p in prompt_ids], slots=queue.slots, capacity=capacity, step_tokens=queue.slots,
+        sampled=not sampling.greedy,
+    )  # fmt: skip
+    check_memory(
+        parts, f"generate({len(prompt_ids)} prompts, max_batch={max_batch}, max_new_tokens={max_new_tokens})"
+    )
+    cache = model.new_cache(max_seqs=queue.slots, capacity=capacity)
     seq = np.full(len(prompt_ids), -1, dtype=np.int64)
     outs = Outputs(
         tokenizer, len(prompt_ids), stop=stop, eos_ids=eos_ids, max_new_tokens=max_new_tokens, stream=stream

@@ -44,6 +44,11 @@ __all__ = ["CostModel", "DraftBudget", "cost_cache_dir"]
 COST_MODEL_VERSION = 6  # 6: four weight rows from eight tokens on
 
 
+# DraftBudget.allocate's makespan search evaluates the candidate allocations in blocks of this
+# many [candidates, samples] entries (about 8 float64 temporaries each: a few MB at most)
+_ALLOCATE_ELEMENTS = 1 << 16
+
+
 def cost_cache_dir() -> Path:
     """``$DECODING_CACHE_DIR`` or ``~/.cache/decoding``: where measured cost models are kept.
 
@@ -365,11 +370,21 @@ class DraftBudget:
             tokens = B * (1 + longest) if padded else B + N
             best = int(np.argmax(gain / (self.target_cost.cost(tokens, B) + first)))
         else:
-            n = np.zeros((N.size, B))  # each sample's draft length with the first N candidates
-            n[N[1:], samp] = 1
-            n = np.cumsum(n, axis=0)
             rem = np.maximum(np.asarray(remaining, dtype=float), 1.0)
-            best = int(np.argmin(self.finish_time(alphas, n, rem, padded=padded, first=first, steady=steady)))
+            total = np.empty(N.size)
+            held = np.zeros(B)  # each sample's draft length with the candidates before the block
+            rows = max(1, _ALLOCATE_ELEMENTS // B)  # [rows, B] blocks: memory O(B), not O(B^2 k)
+            for lo in range(0, N.size, rows):
+                hi = min(lo + rows, N.size)
+                n = np.zeros((hi - lo, B))  # row r: each sample's draft length with the first r candidates
+                r = np.arange(max(lo, 1), hi)
+                n[r - lo, samp[r - 1]] = 1
+                n = np.cumsum(n, axis=0) + held
+                held = n[-1].copy()
+                total[lo:hi] = np.atleast_1d(
+                    self.finish_time(alphas, n, rem, padded=padded, first=first[lo:hi], steady=steady[lo:hi])
+                )
+            best = int(np.argmin(total))
         # ties: the fewest draft tokens (argmax/argmin return the first)
         out = np.zeros(B, dtype=np.int64)
         np.add.at(out, samp[:best], 1)

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kv_cache import KVCache
 from .loading import load_model
 from .model import Model, PackedBatch
 from .sampling import SamplingParams, filtered_probs
+from .scheduling import PREFILL_TOKENS, prefill
 
 __all__ = [
     "Proposal",
@@ -113,6 +115,16 @@ class Drafter(abc.ABC):
     def pending(self, contexts: Sequence[np.ndarray], samples: Sequence[int]) -> np.ndarray | None:
         """Tokens each sample's drafter must feed before its first draft token; None: none (free)."""
         return None
+
+    def memory_bytes(
+        self, prompt_lengths, *, max_new_tokens: int, max_active: int, max_draft: int, sampled: bool
+    ) -> int:
+        """Bytes :meth:`begin` and :meth:`propose` will allocate for such a call (default 0).
+
+        The speculative loop adds them to its own estimate before allocating anything, so that
+        a call which cannot fit fails at once with ``MemoryError``.
+        """
+        return 0
 
     @abc.abstractmethod
     def propose(
@@ -267,13 +279,38 @@ class DraftModelDrafter(Drafter):
     ) -> None:
         self._sampling = sampling or SamplingParams()
         self._rng = rng if rng is not None else np.random.default_rng(0)
-        cap = max(len(p) for p in prompts) + int(max_new_tokens) + self.max_draft + 1
+        # contexts plus drafts never pass max_new_tokens after the prompt (the loop cuts every
+        # draft to what is left of max_new_tokens), so that is all the cache holds
+        cap = self._capacity_for(max(len(p) for p in prompts), max_new_tokens)
         self._capacity = cap
         # one cache region per sample in flight, taken at its first proposal, given back at its end
         slots = len(prompts) if max_active is None else min(int(max_active), len(prompts))
         self._cache = self.model.new_cache(max_seqs=max(slots, 1), capacity=cap)
         self._seq: dict[int, int] = {}  # sample -> its cache region
         self._held: dict[int, np.ndarray] = {}  # sample -> the tokens its region holds
+
+    @staticmethod
+    def _capacity_for(longest: int, max_new_tokens: int) -> int:
+        return int(longest) + int(max_new_tokens)
+
+    def memory_bytes(self, prompt_lengths, *, max_new_tokens, max_active, max_draft, sampled) -> int:
+        """The draft cache, the catch-up prefill, a step's logits and, when sampling, the draft
+        distributions kept for verification (``max_active x max_draft`` rows of the vocabulary).
+
+        Examples
+        --------
+        >>> d = DraftModelDrafter(target.truncated(7))  # doctest: +SKIP
+        >>> kw = dict(max_new_tokens=64, max_active=4, max_draft=7, sampled=False)
+        >>> d.memory_bytes([20] * 4, **kw) > 0  # doctest: +SKIP
+        True
+        """
+        m, cfg = self.model, self.model.config
+        lens = sorted(int(n) for n in prompt_lengths)[-max_active:]
+        cap = self._capacity_for(max(lens), max_new_tokens)
+        cache = KVCache.bytes_for(m.n_layers, cfg.n_kv_heads, cfg.head_dim, max_active, cap, m.dtype)
+        feed = m.forward_bytes(min(PREFILL_TOKENS, sum(lens)), keys=cap, logits_rows=max_active)
+        probs = 8 * cfg.vocab_size * max_active * (min(max_draft, self.max_draft) + 8) if sampled else 0
+        return cache + feed + 2 * max_active * cfg.vocab_size * m.dtype.itemsize + probs
 
     def _region(self, sample: int) -> int:
         if sample not in self._seq:
@@ -325,11 +362,12 @@ class DraftModelDrafter(Drafter):
         live = list(range(len(js)))  # indices into js still drafting
         drafts, qs = [[] for _ in js], [[] for _ in js]
         for step in range(max(steps)):
-            toks = feeds if step == 0 else [drafts[t][-1:] for t in live]
             seq_ids = [self._seq[samples[js[t]]] for t in live]
-            logits = self.model.forward(
-                PackedBatch.from_lists(toks, seq_ids=seq_ids), cache=self._cache, logits="last"
-            )  # [len(live), V]
+            if step == 0:  # the catch-up (whole prompts at first) in forwards of bounded size
+                logits = prefill(self.model, self._cache, seq_ids, feeds)  # [len(live), V]
+            else:
+                batch = PackedBatch.from_lists([drafts[t][-1:] for t in live], seq_ids=seq_ids)
+                logits = self.model.forward(batch, cache=self._cache, logits="last")  # [len(live), V]
             nxt, q = self._draw(logits)
             for r, t in enumerate(live):
                 drafts[t].append(int(nxt[r]))

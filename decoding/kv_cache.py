@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .memory import check_fits
+
 __all__ = ["KVCache"]
 
 
@@ -59,6 +61,11 @@ class KVCache:
         self.n_layers, self.n_kv_heads, self.head_dim = int(n_layers), int(n_kv_heads), int(head_dim)
         self.max_seqs, self.capacity = int(max_seqs), int(capacity)
         shape = (self.n_layers, self.n_kv_heads, self.max_seqs * self.capacity, self.head_dim)
+        if xp is np:  # before the buffers: NumPy's zeros would succeed lazily and fail page by page
+            need = self.bytes_for(
+                self.n_layers, self.n_kv_heads, self.head_dim, self.max_seqs, self.capacity, dtype
+            )
+            check_fits(need, f"a KV cache of {self.max_seqs} sequences x {self.capacity} slots")
         self.xp = xp  # numpy, or cupy for buffers on a GPU (lengths and starts stay on the host)
         self.k = xp.zeros(shape, dtype=dtype)  # [n_layers, n_kv_heads, slots, head_dim]
         self.v = xp.zeros(shape, dtype=dtype)
@@ -79,6 +86,18 @@ class KVCache:
             dtype=model.dtype if dtype is None else dtype,
             xp=getattr(model, "xp", np) if xp is None else xp,
         )
+
+    @staticmethod
+    def bytes_for(n_layers, n_kv_heads, head_dim, max_seqs, capacity, dtype=np.float32) -> int:
+        """Bytes of the ``k`` and ``v`` buffers of such a cache (what the constructor allocates).
+
+        Examples
+        --------
+        >>> KVCache.bytes_for(30, 3, 64, max_seqs=1, capacity=1)  # SmolLM2-135M: one token slot
+        46080
+        """
+        slot = 2 * int(n_layers) * int(n_kv_heads) * int(head_dim) * np.dtype(dtype).itemsize
+        return slot * int(max_seqs) * int(capacity)
 
     @property
     def dtype(self):

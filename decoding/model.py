@@ -298,6 +298,28 @@ class Model:
             n += sum(a.nbytes for a in (L.attn_norm, L.wqkv, L.wo, L.ffn_norm, L.w_gate_up, L.w_down))
         return n
 
+    def forward_bytes(self, n_tokens: int, *, keys: int, logits_rows: int) -> int:
+        """An upper estimate of the memory one :meth:`forward` allocates (the cache aside).
+
+        ``n_tokens`` new tokens, each attending to at most ``keys`` cached keys, and logits for
+        ``logits_rows`` rows (``n_tokens`` for ``logits="all"``, the sequences for ``"last"``,
+        0 for None). Per token: the activations of one layer at a time (residual, norm, fused
+        QKV, queries, attention output, fused gate/up, SwiGLU, down projection), the attention
+        kernel's score rows (``n_heads x keys``) and the host's position and slot arrays.
+
+        Examples
+        --------
+        >>> model.forward_bytes(1, keys=100, logits_rows=1)  # SmolLM2-135M, float32  # doctest: +SKIP
+        436368
+        """
+        cfg = self.config
+        b = self.dtype.itemsize
+        d, H, Hkv, D, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+        per_token = b * (5 * d + (H + 2 * Hkv) * D + 2 * H * D + 3 * F + H * int(keys)) + 8 * (2 * D + 16)
+        rows = int(logits_rows)
+        logits = b * V * (rows + min(rows, kernels.FEW_ROWS))  # the result and one block's product
+        return int(n_tokens) * per_token + logits
+
     def new_cache(self, *, max_seqs: int, capacity: int) -> KVCache:
         """A :class:`KVCache` for this model with ``max_seqs`` regions of ``capacity`` slots."""
         return KVCache.for_model(self, max_seqs=max_seqs, capacity=capacity, xp=self.xp)

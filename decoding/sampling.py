@@ -118,6 +118,12 @@ def filtered_probs(logits: np.ndarray, temperature: float, top_k=None, top_p=Non
     return p
 
 
+#: Rows :func:`sample` filters at a time: its float64 temporaries (probabilities, sort order,
+#: cumulative sums; about eight ``[rows, V]`` arrays) then take ``SAMPLE_ROWS * V * 64`` bytes at
+#: most, whatever the batch.
+SAMPLE_ROWS = 16
+
+
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> np.ndarray:
     """A token per row of ``logits`` ``[B, V]``: argmax if greedy, else a draw from :func:`filtered_probs`.
 
@@ -131,8 +137,12 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     """
     if params.greedy:
         return greedy(logits)
-    p = filtered_probs(logits, params.temperature, params.top_k, params.top_p)
-    u = rng.random(p.shape[0])[:, None]
-    cdf = np.cumsum(p, axis=-1)
-    idx = (cdf < u * cdf[:, -1:]).sum(axis=-1)
-    return np.minimum(idx, p.shape[1] - 1)
+    logits = np.atleast_2d(logits)
+    B, V = logits.shape
+    u = rng.random(B)[:, None]  # every draw first: the same tokens whatever the block size
+    out = np.empty(B, dtype=np.int64)
+    for a in range(0, B, SAMPLE_ROWS):  # blocks of rows: the float64 temporaries stay bounded
+        p = filtered_probs(logits[a : a + SAMPLE_ROWS], params.temperature, params.top_k, params.top_p)
+        cdf = np.cumsum(p, axis=-1)
+        out[a : a + SAMPLE_ROWS] = (cdf < u[a : a + SAMPLE_ROWS] * cdf[:, -1:]).sum(axis=-1)
+    return np.minimum(out, V - 1)

@@ -4,7 +4,9 @@
   of those admitted (:func:`prefill`, timed as prefill);
 - :class:`Outputs` -- each sample's tokens, streamed text and finish reason; one
   :meth:`Outputs.emit` appends a step's tokens (:func:`emit_tokens`, :class:`StreamState`);
-- :func:`check_max_batch` -- the one check of ``max_batch``.
+- :func:`check_max_batch` -- the one check of ``max_batch``;
+- :func:`loop_memory` and :func:`check_memory` -- the memory a loop will allocate, checked
+  before it allocates any of it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,27 @@ import time
 
 import numpy as np
 
+from .kv_cache import KVCache
+from .memory import check_fits, format_bytes
 from .model import PackedBatch
 from .results import GenerationResult
+from .sampling import SAMPLE_ROWS
 
-__all__ = ["StreamState", "emit_tokens", "Outputs", "prefill", "SlotQueue", "check_max_batch"]
+__all__ = [
+    "StreamState",
+    "emit_tokens",
+    "Outputs",
+    "prefill",
+    "SlotQueue",
+    "check_max_batch",
+    "loop_memory",
+    "check_memory",
+    "PREFILL_TOKENS",
+]
+
+#: The most tokens one prefill forward packs (:func:`prefill`'s ``max_tokens``): longer prompts,
+#: and more prompts than fit, run in several forwards, which bounds the activations.
+PREFILL_TOKENS = 4096
 
 
 class StreamState:
@@ -180,7 +199,7 @@ class Outputs:
         )
 
 
-def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = 4096):
+def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = PREFILL_TOKENS):
     """Run every prompt through ``model`` into ``cache``; return each prompt's last logits ``[B, V]``.
 
     Prompts are packed into forwards of at most ``max_tokens`` tokens (whole prompts while they fit,
@@ -295,3 +314,66 @@ def check_max_batch(max_batch, *, n_prompts: int | None = None, padded: bool = F
             "padded (vanilla) layout keeps every sample's cache aligned from the first prefill on"
         )
     return int(max_batch)
+
+
+def loop_memory(
+    model, prompt_lengths, *, slots: int, capacity: int, step_tokens: int, sampled: bool
+) -> list[tuple[str, int]]:
+    """The memory a decoding loop allocates, by part: ``[(what, bytes), ...]``.
+
+    Parameters
+    ----------
+    model : Model
+    prompt_lengths : list of int
+    slots : int
+        Sequences in the cache at once.
+    capacity : int
+        Cache slots per sequence.
+    step_tokens : int
+        Tokens of the largest decoding forward (``slots`` for autoregressive decoding,
+        ``slots * (1 + max_draft)`` for a verification), each with logits.
+    sampled : bool
+        Whether tokens are drawn (the sampler's temporaries) or taken greedily.
+
+    Returns
+    -------
+    list of (str, int)
+        The KV cache, the prefill (its forward and the logits it keeps), the largest step's
+        forward with its logits, and the sampler's temporaries.
+
+    Examples
+    --------
+    >>> kw = dict(slots=2, capacity=94, step_tokens=2, sampled=False)
+    >>> parts = loop_memory(model, [12, 30], **kw)  # doctest: +SKIP
+    >>> [what for what, _ in parts]  # doctest: +SKIP
+    ['KV cache (2 sequences x 94 slots)', 'prefill', 'decoding step (2 tokens)', 'sampling']
+    """
+    cfg = model.config
+    V, b = cfg.vocab_size, model.dtype.itemsize
+    cache = KVCache.bytes_for(model.n_layers, cfg.n_kv_heads, cfg.head_dim, slots, capacity, model.dtype)
+    longest = sorted(int(n) for n in prompt_lengths)[-slots:]
+    chunk = min(PREFILL_TOKENS, sum(longest))
+    prefill_b = model.forward_bytes(chunk, keys=max(longest), logits_rows=min(slots, chunk))
+    prefill_b += 2 * slots * V * b  # each prompt's last logits, then stacked
+    step = model.forward_bytes(step_tokens, keys=capacity, logits_rows=step_tokens)
+    sampling = 8 * 8 * V * min(step_tokens, SAMPLE_ROWS) if sampled else 0
+    return [
+        (f"KV cache ({slots} sequences x {capacity} slots)", cache),
+        ("prefill", prefill_b),
+        (f"decoding step ({step_tokens} tokens)", step),
+        ("sampling", sampling),
+    ]
+
+
+def check_memory(parts, what: str) -> int:
+    """Raise ``MemoryError`` (with the parts' sizes) when ``parts`` together do not fit; their total.
+
+    Examples
+    --------
+    >>> check_memory([("a cache", 10), ("logits", 5)], "a loop")
+    15
+    """
+    total = int(sum(n for _, n in parts))
+    detail = ", ".join(f"{name} {format_bytes(n)}" for name, n in parts if n)
+    check_fits(total, f"{what} ({detail})")
+    return total

@@ -38,7 +38,7 @@ from .drafters import Drafter, DraftModelDrafter, make_drafter
 from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, filtered_probs, sample
-from .scheduling import Outputs, SlotQueue, check_max_batch
+from .scheduling import Outputs, SlotQueue, check_max_batch, check_memory, loop_memory
 from .tokenizer import check_text, check_token_ids
 
 __all__ = [
@@ -50,6 +50,8 @@ __all__ = [
     "verify_greedy",
     "verify_sampling",
     "LAYOUTS",
+    "speculative_sizes",
+    "speculative_memory",
 ]
 
 LAYOUTS = ("ems", "vanilla")
@@ -98,21 +100,26 @@ def verify_sampling(logits: np.ndarray, draft: np.ndarray, sampling: SamplingPar
     >>> verify_sampling(lg, np.array([2, 0]), sp, None, rng)
     (1, [2, 3])
     """
-    p = filtered_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # [n + 1, V]
+
+    def p(j):  # one row at a time: [V] float64, not [n + 1, V] for a long draft; rows after a
+        # rejection are never computed
+        return filtered_probs(logits[j : j + 1], sampling.temperature, sampling.top_k, sampling.top_p)[0]
+
     for j, x in enumerate(draft):
         x = int(x)
+        pj = p(j)
         qx = 1.0 if q is None else float(q[j, x])
-        if qx > 0 and rng.random() < min(1.0, p[j, x] / qx):
+        if qx > 0 and rng.random() < min(1.0, pj[x] / qx):
             continue
-        resid = p[j].copy()
+        resid = pj.copy()
         if q is None:
             resid[x] = 0.0
         else:
             resid = np.maximum(resid - q[j], 0.0)
         if resid.sum() <= 0:  # p == q numerically: acceptance was (almost) certain
-            resid = p[j]
+            resid = pj
         return j, [int(t) for t in draft[:j]] + [_draw(resid, rng)]
-    return draft.size, [int(t) for t in draft] + [_draw(p[draft.size], rng)]
+    return draft.size, [int(t) for t in draft] + [_draw(p(draft.size), rng)]
 
 
 def _references(tokenizer, references, n_prompts: int):
@@ -143,10 +150,79 @@ def _draft_budget(draft_budget, model, drafter: Drafter) -> DraftBudget | None:
     raise ValueError(f"draft_budget must be 'auto', None, a DraftBudget or a CostModel, got {draft_budget!r}")
 
 
+def speculative_sizes(prompt_lengths, *, max_new_tokens: int, max_draft: int, layout: str, slots: int):
+    """``(usable draft length, cache slots per sequence)`` of a speculative call.
+
+    A draft is cut to what is left of ``max_new_tokens`` less the token the target adds (at most
+    ``max_new_tokens - 2`` after the first token), so a longer ``max_draft`` is never used and
+    never paid for. EMS-SD's cache then holds the prompt and ``max_new_tokens``; the padded
+    (vanilla) cache grows by ``1 + the longest accepted draft`` of the batch each step, so by
+    at most ``min(slots, 1 + k)`` tokens per generated token, plus one step's inputs.
+
+    Examples
+    --------
+    >>> speculative_sizes([30, 12], max_new_tokens=64, max_draft=10**6, layout="ems", slots=2)
+    (62, 94)
+    >>> speculative_sizes([30, 12], max_new_tokens=64, max_draft=7, layout="vanilla", slots=2)
+    (7, 164)
+    """
+    k = max(0, min(int(max_draft), int(max_new_tokens) - 2))
+    longest = max(int(n) for n in prompt_lengths)
+    if layout == "vanilla":
+        return k, longest + min(int(slots), 1 + k) * (int(max_new_tokens) - 1) + min(
+            1 + k, int(max_new_tokens)
+        )
+    return k, longest + int(max_new_tokens)
+
+
+def speculative_memory(
+    model, prompt_lengths, *, max_new_tokens: int, max_draft: int, layout: str, slots: int, sampled: bool,
+    drafter: Drafter | None = None,
+) -> list[tuple[str, int]]:  # fmt: skip
+    """The memory of a speculative call, by part (:func:`decoding.scheduling.loop_memory`'s parts,
+    the padded layout's mask and one-forward prefill, each step's contexts, and the drafter's).
+
+    Examples
+    --------
+    >>> parts = speculative_memory(model, [30, 12], max_new_tokens=64, max_draft=7, layout="ems",
+    ...                            slots=2, sampled=False)  # doctest: +SKIP
+    >>> [what for what, _ in parts][:3]  # doctest: +SKIP
+    ['KV cache (2 sequences x 94 slots)', 'prefill', 'decoding step (16 tokens)']
+    """
+    lens = [int(n) for n in prompt_lengths]
+    k, cap = speculative_sizes(
+        lens, max_new_tokens=max_new_tokens, max_draft=max_draft, layout=layout, slots=slots
+    )
+    step = slots * (1 + k)
+    parts = loop_memory(model, lens, slots=slots, capacity=cap, step_tokens=step, sampled=sampled)
+    if layout == "vanilla":  # every prompt left-padded to the longest, in one forward; the pad mask
+        P = max(lens)
+        parts.append(("padded prefill", model.forward_bytes(len(lens) * P, keys=P, logits_rows=len(lens))))
+        parts.append(("pad mask", len(lens) * cap))
+    parts.append(("contexts", 8 * slots * cap))
+    if drafter is not None:
+        own = drafter.memory_bytes(
+            lens, max_new_tokens=max_new_tokens, max_active=slots, max_draft=k, sampled=sampled
+        )
+        parts.append((f"drafter {drafter.name}", int(own)))
+    return parts
+
+
+def _what(n, slots, max_new_tokens, max_draft, layout) -> str:
+    return (
+        f"generate({n} prompts, method={layout!r}, {slots} at once, max_new_tokens={max_new_tokens}, "
+        f"max_draft={max_draft})"
+    )
+
+
 def prepare_speculative(
-    model, tokenizer, prompt_ids, *, drafter, max_draft, references, draft_budget, max_new_tokens
-) -> dict:
+    model, tokenizer, prompt_ids, *, drafter, max_draft, references, draft_budget, max_new_tokens,
+    layout="ems", max_batch=None, sampling=None,
+) -> dict:  # fmt: skip
     """Validate the speculative arguments of :func:`decoding.generate`; the keywords of the loop.
+
+    With a model, the call's memory (:func:`speculative_memory`) is checked here, before the draft
+    budget measures its cost model: ``MemoryError`` when it cannot fit.
 
     Returns
     -------
@@ -164,13 +240,22 @@ def prepare_speculative(
         raise TypeError(f"max_draft must be an integer, got {type(max_draft).__name__}")
     if max_draft < 0:
         raise ValueError(f"max_draft must be >= 0, got {max_draft}")
-    d = make_drafter(drafter, model, max_draft=max(1, int(max_draft)))
+    usable = max(1, min(int(max_draft), int(max_new_tokens)))  # a longer draft is never used
+    d = make_drafter(drafter, model, max_draft=usable)
     if isinstance(d, DraftModelDrafter) and d.model.config.vocab_size != model.config.vocab_size:
         raise ValueError(
             f"the draft model's vocabulary ({d.model.config.vocab_size}) differs from the target's "
             f"({model.config.vocab_size})"
         )
     refs = _references(tokenizer, references, len(prompt_ids))
+    if model is not None:
+        n = len(prompt_ids)
+        slots = n if max_batch is None else min(int(max_batch), n)
+        parts = speculative_memory(
+            model, [len(p) for p in prompt_ids], max_new_tokens=max_new_tokens, max_draft=max_draft,
+            layout=layout, slots=slots, sampled=sampling is not None and not sampling.greedy, drafter=d,
+        )  # fmt: skip
+        check_memory(parts, _what(n, slots, max_new_tokens, max_draft, layout))
     return dict(
         drafter=d, max_draft=int(max_draft), references=refs, budget=_draft_budget(draft_budget, model, d)
     )
@@ -449,7 +534,8 @@ def speculative_generate(
     ----------
     drafter : Drafter
     max_draft : int
-        At most this many draft tokens per sample and step.
+        At most this many draft tokens per sample and step (and never more than what is left of
+        ``max_new_tokens``: :func:`speculative_sizes`, which also sizes the cache).
     layout : {"ems", "vanilla"}
         Each step is a :func:`packed_step` (EMS-SD) or a :func:`padded_step` (vanilla).
     budget : DraftBudget or None
@@ -481,13 +567,16 @@ def speculative_generate(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    vanilla, k, B = layout == "vanilla", int(max_draft), len(prompt_ids)
+    vanilla, B = layout == "vanilla", len(prompt_ids)
     verify = verifier or (verify_greedy if sampling.greedy else verify_sampling)
     queue = SlotQueue(B, check_max_batch(max_batch, n_prompts=B, padded=vanilla))
     prompts = [np.asarray(p, dtype=np.int64) for p in prompt_ids]
     npos = np.array([p.size for p in prompts], dtype=np.int64)  # real tokens cached (prompt + accepted)
-    # vanilla's aligned cache can grow by up to k + 1 per step even for a sample that gains one token
-    cap = int(npos.max()) + (max_new_tokens * (k + 1) if vanilla else max_new_tokens) + k + 1
+    lens = npos.tolist()
+    sizes = dict(max_new_tokens=max_new_tokens, max_draft=max_draft, layout=layout, slots=queue.slots)
+    k, cap = speculative_sizes(lens, **sizes)  # the draft length that can be used, the cache it needs
+    parts = speculative_memory(model, lens, **sizes, sampled=not sampling.greedy, drafter=drafter)
+    check_memory(parts, _what(B, queue.slots, max_new_tokens, max_draft, layout))
     cache = model.new_cache(max_seqs=queue.slots, capacity=cap)
     seq = np.full(B, -1, dtype=np.int64)
     key_valid = np.ones((B, cap), dtype=bool) if vanilla else None

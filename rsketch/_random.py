@@ -204,11 +204,6 @@ def uniform53_from_words(xp, w_lo, w_hi):
     return (xp.astype(w_hi, xp.float64) * 2097152.0 + xp.astype(w_lo >> 11, xp.float64)) * (2.0**-53)
 
 
-def bounded64_from_words(xp, w_lo, w_hi, bound):
-    """Integers in ``[0, bound)`` from two words (a 53-bit uniform), for bounds up to 2**40."""
-    return xp.astype(xp.floor(uniform53_from_words(xp, w_lo, w_hi) * bound), xp.int64)
-
-
 def key_from_seed(seed) -> tuple[int, int]:
     """Turn ``seed`` (None, int, SeedSequence or Generator) into a 64-bit Philox key.
 
@@ -252,17 +247,68 @@ def signs_from_words(xp, w, dtype):
     return xp.astype(1 - 2 * xp.astype(w & xp.asarray(1, dtype=xp.uint32), xp.int64), dtype)
 
 
-def select_without_replacement(words_lo, words_hi, n: int, r: int) -> np.ndarray:
-    """The ``r`` indices of ``[0, n)`` with the smallest 64-bit hashes, in ascending order.
+def bounded_exact(xp, key, index, bound, stream):
+    """Exactly uniform integers in ``[0, bound)``, one per entry of ``index`` (int64 array).
 
-    The low bits of each hash are replaced by its index, so hashes are distinct and the choice
-    does not depend on how ties would be broken.
+    Attempt ``a`` of entry ``i`` reads words ``2 (a % 2)`` and ``2 (a % 2) + 1`` of counter
+    ``(i, a // 2, stream)`` as the low and high halves of a 64-bit value, keeps its low
+    ``bit_length(bound - 1)`` bits, and is accepted when that is below ``bound`` (probability
+    above 1/2), so every value has probability exactly ``1 / bound``. ``bound`` (an int or an array
+    broadcasting against ``index``) may be up to ``2**63 - 1``. The kernel ``kernels.cpu`` runs
+    the same attempts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> v = bounded_exact(np, (1, 2), np.arange(10_000), 6, 4)
+    >>> sorted(set(v.tolist()))
+    [0, 1, 2, 3, 4, 5]
     """
-    bits = max(1, int(n - 1).bit_length())
-    h = (words_hi.astype(np.uint64) << np.uint64(32)) | words_lo.astype(np.uint64)
-    h = ((h >> np.uint64(bits)) << np.uint64(bits)) | np.arange(n, dtype=np.uint64)
-    if r < n:
-        chosen = np.argpartition(h, r - 1)[:r]
-    else:
-        chosen = np.arange(n)
-    return np.sort(chosen).astype(np.int64)
+    u64 = xp.uint64
+    index = xp.astype(xp.asarray(index), xp.int64)
+    b = xp.astype(xp.asarray(bound), u64) + xp.zeros(index.shape, dtype=u64)
+    mask = b - xp.asarray(1, dtype=u64)
+    for sh in (1, 2, 4, 8, 16, 32):
+        mask = mask | (mask >> sh)
+    out = xp.zeros(index.shape, dtype=u64)
+    pending = xp.ones(index.shape, dtype=xp.bool)
+    a = 0
+    while True:
+        w = random_words(xp, key, index, a // 2, stream)
+        lo, hi = (w[0], w[1]) if a % 2 == 0 else (w[2], w[3])
+        v = ((xp.astype(hi, u64) << 32) | xp.astype(lo, u64)) & mask
+        ok = pending & (v < b)
+        out = xp.where(ok, v, out)
+        pending = pending & ~ok
+        if not bool(xp.any(pending)):
+            return xp.astype(out, xp.int64)
+        a += 1
+
+
+def sample_without_replacement(xp, key, m: int, r: int, stream: int) -> np.ndarray:
+    """A uniformly random ``r``-subset of ``[0, m)`` in ascending order, in O(r) time and memory.
+
+    Floyd's algorithm (Bentley & Floyd, CACM 1987): iteration ``i`` (``t = m - r + i``) takes ``v``
+    uniform in ``[0, t]`` (:func:`bounded_exact` of index ``i``) and adds ``v``, or ``t`` when ``v``
+    is already in the set; each of the ``C(m, r)`` subsets has the same probability. The words
+    come from ``xp``; the set is built on the host. ``kernels.cpu.floyd_sample`` is the compiled
+    twin (the tests compare them bit for bit).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> sample_without_replacement(np, (3, 4), 10**15, 5, 5).shape
+    (5,)
+    >>> sample_without_replacement(np, (3, 4), 6, 6, 5)
+    array([0, 1, 2, 3, 4, 5])
+    """
+    i = xp.arange(r, dtype=xp.int64)
+    draws = np.asarray(bounded_exact(xp, key, i, i + (m - r + 1), stream)).tolist()
+    chosen: set[int] = set()
+    out = np.empty(r, dtype=np.int64)
+    for i, v in enumerate(draws):
+        if v in chosen:
+            v = m - r + i
+        chosen.add(v)
+        out[i] = v
+    return np.sort(out)

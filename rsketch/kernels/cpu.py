@@ -510,10 +510,11 @@ def _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs):
             signs[(j - b0) * s + t] = sign
 
 
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def _reduce_chunks(acc, scale, out):
+    """``out[i, col] = scale * (acc[0, i, col] + acc[1, i, col] + ...)``, chunks in order."""
     n_chunks, r, k = acc.shape
-    for i in range(r):
+    for i in prange(r):
         for col in range(k):
             total = 0.0
             for c in range(n_chunks):
@@ -521,20 +522,32 @@ def _reduce_chunks(acc, scale, out):
             out[i, col] = scale * total
 
 
+@njit(parallel=True, cache=True)
+def _reduce_chunks_t(acc, scale, out):
+    """As :func:`_reduce_chunks` for accumulators stored transposed, ``acc[c, col, i]``."""
+    n_chunks, k, r = acc.shape
+    for i in prange(r):
+        for col in range(k):
+            total = 0.0
+            for c in range(n_chunks):
+                total += acc[c, col, i]
+            out[i, col] = scale * total
+
+
 _sparse_pattern_ser = _serial_twin(_sparse_pattern_par)
 
 
 @njit(parallel=True, cache=True)
-def _sparse_apply_dense_par(k0, k1, s, r, stream, scale, A, out, n_chunks):
-    """``out = S @ A`` for a row-major (n, k) A by hash-then-scatter-add.
+def _sparse_apply_dense_par(k0, k1, s, r, stream, A, acc):
+    """``acc[c] += (unscaled S @ A)`` over chunk ``c`` of the rows of a row-major (n, k) A.
 
-    The rows of A are split into ``n_chunks`` contiguous ranges (a function of n only, so the
-    result does not depend on the thread count), each with a private (r, k) accumulator; a
-    chunk hashes 256 rows ahead, then adds each row, signed, into its s accumulator rows. A
-    is read once, as a stream. Extra memory: n_chunks * r * k.
+    The rows of A are split into ``n_chunks = acc.shape[0]`` contiguous ranges (chosen from the
+    shape only, so the result does not depend on the thread count), each with a private, zeroed
+    (r, k) accumulator; a chunk hashes 256 rows ahead, then adds each row, signed, into its s
+    accumulator rows. A is read once, as a stream.
     """
     n, k = A.shape
-    acc = np.zeros((n_chunks, r, k), dtype=out.dtype)
+    n_chunks = acc.shape[0]
     key0 = np.uint64(k0)
     key1 = np.uint64(k1)
     for c in prange(n_chunks):
@@ -542,7 +555,7 @@ def _sparse_apply_dense_par(k0, k1, s, r, stream, scale, A, out, n_chunks):
         hi = ((c + 1) * n) // n_chunks
         a = acc[c]
         rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
-        signs = np.empty(_HASH_BLOCK * s, dtype=out.dtype)
+        signs = np.empty(_HASH_BLOCK * s, dtype=acc.dtype)
         for b0 in range(lo, hi, _HASH_BLOCK):
             b1 = min(hi, b0 + _HASH_BLOCK)
             _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
@@ -553,12 +566,11 @@ def _sparse_apply_dense_par(k0, k1, s, r, stream, scale, A, out, n_chunks):
                     sg = signs[(j - b0) * s + t]
                     for col in range(k):
                         dst[col] += sg * x[col]
-    _reduce_chunks(acc, scale, out)
 
 
 @njit(parallel=True, cache=True)
-def _sparse_apply_dense_fortran_par(k0, k1, s, r, stream, scale, A, out, n_chunks):
-    """``out = S @ A`` for a column-major (n, k) A, without copying it to row-major.
+def _sparse_apply_dense_fortran_par(k0, k1, s, r, stream, A, acc):
+    """``acc[c] += (unscaled S @ A).T`` over chunk ``c`` of a column-major (n, k) A, without a copy.
 
     As :func:`sparse_apply_dense` (row ranges with private accumulators, hashes computed once per
     block of 256 rows), but each block is consumed column by column: 256 contiguous values of a
@@ -566,14 +578,14 @@ def _sparse_apply_dense_fortran_par(k0, k1, s, r, stream, scale, A, out, n_chunk
     stays within r contiguous values.
     """
     n, k = A.shape
-    acc = np.zeros((n_chunks, k, r), dtype=out.dtype)
+    n_chunks = acc.shape[0]
     key0 = np.uint64(k0)
     key1 = np.uint64(k1)
     for c in prange(n_chunks):
         lo = (c * n) // n_chunks
         hi = ((c + 1) * n) // n_chunks
         rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
-        signs = np.empty(_HASH_BLOCK * s, dtype=out.dtype)
+        signs = np.empty(_HASH_BLOCK * s, dtype=acc.dtype)
         for b0 in range(lo, hi, _HASH_BLOCK):
             b1 = min(hi, b0 + _HASH_BLOCK)
             _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
@@ -583,18 +595,12 @@ def _sparse_apply_dense_fortran_par(k0, k1, s, r, stream, scale, A, out, n_chunk
                     x = A[j, col]
                     for t in range(s):
                         dst[rows[(j - b0) * s + t]] += signs[(j - b0) * s + t] * x
-    for i in prange(r):
-        for col in range(k):
-            total = 0.0
-            for c in range(n_chunks):
-                total += acc[c, col, i]
-            out[i, col] = scale * total
 
 
 @njit(parallel=True, cache=True)
-def _sparse_apply_csr_par(k0, k1, s, r, stream, scale, indptr, indices, data, n, k, out, n_chunks):
-    """``out = S @ A`` for a CSR matrix A (n, k): scatter each stored row into its hashed rows."""
-    acc = np.zeros((n_chunks, r, k), dtype=out.dtype)
+def _sparse_apply_csr_par(k0, k1, s, r, stream, indptr, indices, data, n, k, acc):
+    """``acc[c] += (unscaled S @ A)`` over chunk ``c`` of a CSR matrix A (n, k), row by stored row."""
+    n_chunks = acc.shape[0]
     key0 = np.uint64(k0)
     key1 = np.uint64(k1)
     for c in prange(n_chunks):
@@ -602,7 +608,7 @@ def _sparse_apply_csr_par(k0, k1, s, r, stream, scale, indptr, indices, data, n,
         hi = ((c + 1) * n) // n_chunks
         a = acc[c]
         rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
-        signs = np.empty(_HASH_BLOCK * s, dtype=out.dtype)
+        signs = np.empty(_HASH_BLOCK * s, dtype=acc.dtype)
         for b0 in range(lo, hi, _HASH_BLOCK):
             b1 = min(hi, b0 + _HASH_BLOCK)
             _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
@@ -612,7 +618,6 @@ def _sparse_apply_csr_par(k0, k1, s, r, stream, scale, indptr, indices, data, n,
                     sg = signs[(j - b0) * s + t]
                     for p in range(indptr[j], indptr[j + 1]):
                         dst[indices[p]] += sg * data[p]
-    _reduce_chunks(acc, scale, out)
 
 
 @njit(parallel=True, cache=True)
@@ -764,6 +769,91 @@ def _srht_adjoint_par(k0, k1, stream, n_pad, rows, scale, Z, out):
 
 
 # ---------------------------------------------------------------------------------------------
+# Sampled indices in O(r): exactly uniform integers by mask-and-reject on 64-bit Philox words, and
+# Floyd's algorithm for an r-subset of [0, m) (the arithmetic of rsketch._random.bounded_exact and
+# rsketch._random.sample_without_replacement, which the tests compare with these bit for bit).
+# ---------------------------------------------------------------------------------------------
+_GOLDEN64 = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(inline="always")
+def _bounded_exact(key0, key1, index, bound, stream):
+    # Attempt a reads words 2 (a % 2), 2 (a % 2) + 1 of counter (index, a // 2, stream) as one
+    # 64-bit value, keeps its low bits up to bound's bit length, and is accepted below bound.
+    b = np.uint64(bound)
+    mask = b - np.uint64(1)
+    for sh in (1, 2, 4, 8, 16, 32):
+        mask |= mask >> np.uint64(sh)
+    a = 0
+    while True:
+        w0, w1, w2, w3 = _words(key0, key1, index, a >> 1, stream)
+        if a & 1:
+            v = ((w3 << _S32) | w2) & mask
+        else:
+            v = ((w1 << _S32) | w0) & mask
+        if v < b:
+            return np.int64(v)
+        a += 1
+
+
+@njit(parallel=True, cache=True)
+def _uniform_indices_par(k0, k1, count, bound, stream):
+    """``out[i]`` uniform in ``[0, bound)`` from counters ``(i, ., stream)``, ``i < count``."""
+    out = np.empty(count, dtype=np.int64)
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    for i in prange(count):
+        out[i] = _bounded_exact(key0, key1, i, bound, stream)
+    return out
+
+
+_uniform_indices_ser = _serial_twin(_uniform_indices_par)
+
+
+def uniform_indices(k0, k1, count, bound, stream):
+    """``count`` independent, exactly uniform integers in ``[0, bound)`` (int64), ``bound <= 2**63 - 1``."""
+    kernel = _uniform_indices_par if count >= _PARALLEL_MIN_WORK else _uniform_indices_ser
+    return kernel(k0, k1, count, bound, stream)
+
+
+@njit(cache=True)
+def floyd_sample(k0, k1, m, r, stream):
+    """A uniformly random ``r``-subset of ``[0, m)``, sorted: Floyd's algorithm in O(r) memory.
+
+    Iteration ``i`` (``t = m - r + i``) draws ``v`` uniform in ``[0, t]`` from counters
+    ``(i, ., stream)`` and adds ``v``, or ``t`` if ``v`` is already chosen; every subset has
+    probability ``1 / C(m, r)`` (Bentley & Floyd, CACM 1987). The chosen set lives in an
+    open-addressing table of ``2 ** ceil(log2(2 r))`` slots.
+    """
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    size = 2
+    bits = 1
+    while size < 2 * r:
+        size *= 2
+        bits += 1
+    shift = np.uint64(64 - bits)
+    slot_mask = np.uint64(size - 1)
+    table = np.full(size, -1, dtype=np.int64)
+    out = np.empty(r, dtype=np.int64)
+    for i in range(r):
+        t = m - r + i
+        v = _bounded_exact(key0, key1, i, t + 1, stream)
+        h = (np.uint64(v) * _GOLDEN64) >> shift
+        while table[h] != -1 and table[h] != v:
+            h = (h + np.uint64(1)) & slot_mask
+        if table[h] == v:  # taken: t itself cannot be (every earlier pick is below t)
+            v = t
+            h = (np.uint64(v) * _GOLDEN64) >> shift
+            while table[h] != -1:
+                h = (h + np.uint64(1)) & slot_mask
+        table[h] = v
+        out[i] = v
+    out.sort()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Public entry points of the apply kernels: one thread below _PARALLEL_MIN_ENTRIES values touched,
 # the thread pool above (waking it costs more than a small product, and up to milliseconds per
 # call on a loaded machine).
@@ -784,15 +874,17 @@ def _with_serial_twin(parallel_kernel, work):
 
 
 sparse_apply_dense = _with_serial_twin(
-    _sparse_apply_dense_par, lambda k0, k1, s, r, stream, scale, A, out, n_chunks: A.size * s
+    _sparse_apply_dense_par, lambda k0, k1, s, r, stream, A, acc: A.size * s
 )
 sparse_apply_dense_fortran = _with_serial_twin(
-    _sparse_apply_dense_fortran_par, lambda k0, k1, s, r, stream, scale, A, out, n_chunks: A.size * s
+    _sparse_apply_dense_fortran_par, lambda k0, k1, s, r, stream, A, acc: A.size * s
 )
 sparse_apply_csr = _with_serial_twin(
     _sparse_apply_csr_par,
-    lambda k0, k1, s, r, stream, scale, indptr, indices, data, n, k, out, n_chunks: (data.size + n) * s,
+    lambda k0, k1, s, r, stream, indptr, indices, data, n, k, acc: (data.size + n) * s,
 )
+reduce_chunks = _with_serial_twin(_reduce_chunks, lambda acc, scale, out: acc.size)
+reduce_chunks_t = _with_serial_twin(_reduce_chunks_t, lambda acc, scale, out: acc.size)
 sparse_adjoint = _with_serial_twin(
     _sparse_adjoint_par, lambda k0, k1, s, r, stream, scale, Z, out: out.size * s
 )

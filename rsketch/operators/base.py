@@ -30,6 +30,10 @@ from rsketch._validation import (
 
 # Entries per generated block in the block-summation paths: bounded memory (32 MB in float64).
 _BLOCK_ENTRIES = 1 << 22
+# The private accumulators of one S @ A together stay below this many bytes (the kernels take
+# fewer of them when they would not fit, a choice made from the shape alone); see
+# rsketch.operators.gaussian.gaussian_lanes and rsketch.operators.sparse.sparse_chunks.
+ACCUMULATOR_BYTES = 256 * 2**20
 
 
 class SketchOperator:
@@ -164,11 +168,15 @@ class SketchOperator:
     def _check_columns_memory(self, start, stop):
         # A dense block plus one temporary of its size (the generators build it in float64).
         check_allocation(
-            16 * self.sketch_size * (stop - start),
+            16 * self.sketch_size * (stop - start) + self._columns_bytes(),
             f"columns {start}:{stop} of a {type(self).__name__} with sketch_size={self.sketch_size} "
             f"(a dense {self.sketch_size} x {stop - start} block)",
             "ask for fewer columns at a time",
         )
+
+    def _columns_bytes(self) -> int:
+        # Memory a subclass needs for its O(r) state (selected or sampled rows) besides the block.
+        return 0
 
     def _fast_columns(self, start, stop):
         return self._reference_columns(start, stop, numpy_namespace())

@@ -9,7 +9,7 @@ import numpy as np
 
 from rsketch._random import STREAM_GAUSS, ZIG_X, ziggurat_columns
 from rsketch.kernels import cpu
-from rsketch.operators.base import SketchOperator, canonical_csr
+from rsketch.operators.base import ACCUMULATOR_BYTES, SketchOperator, canonical_csr
 
 
 class GaussianSketch(SketchOperator):
@@ -157,7 +157,6 @@ class GaussianSketch(SketchOperator):
 # Private accumulators of S @ A: at most 64 lanes of >= 2048 columns of S each, together at most
 # ACCUMULATOR_BYTES. Both numbers are constants, so the lanes (and the result's bits) depend on the
 # shape (n, r, k) alone, never on the thread count or the memory free.
-ACCUMULATOR_BYTES = 256 * 2**20
 _MAX_LANES = 64
 _LANE_COLUMNS = 2048
 

@@ -11,14 +11,14 @@ import scipy.sparse as sp
 from rsketch._random import (
     STREAM_SAMPLE,
     STREAM_SELECT,
-    bounded64_from_words,
+    bounded_exact,
     derive_key,
     key_from_seed,
     random_words,
-    select_without_replacement,
+    sample_without_replacement,
     uniform53_from_words,
 )
-from rsketch._validation import check_operand, check_option
+from rsketch._validation import check_allocation, check_operand, check_option, check_real
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
 from rsketch.operators.gaussian import GaussianSketch
@@ -47,12 +47,30 @@ class _RowSampling(SketchOperator):
     def _fast_columns(self, start, stop):
         return self._columns_from(self.indices(), self.scales(), start, stop, np)
 
+    def _check_index_memory(self):
+        r = self.sketch_size
+        check_allocation(
+            48 * r, f"the {r} sampled rows of a {type(self).__name__}", "use a smaller sketch_size"
+        )
+
+    def _apply_bytes(self, k: int, itemsize: int) -> int:
+        return itemsize * self.sketch_size * k + 48 * self.sketch_size
+
+    def _adjoint_bytes(self, k: int, itemsize: int) -> int:
+        return itemsize * (self.input_dim + self.sketch_size) * k + 48 * self.sketch_size
+
+    def _columns_bytes(self) -> int:
+        return 48 * self.sketch_size
+
     def _apply_numpy(self, A):
-        return A[self.indices()] * self.scales().astype(A.dtype)[:, None]
+        out = A[self.indices()]  # a gather: the one r x k allocation
+        out *= self.scales().astype(A.dtype)[:, None]
+        return out
 
     def _apply_sparse(self, A):
-        rows = A.tocsr()[self.indices()]
-        return np.asarray(rows.toarray() * self.scales().astype(A.dtype)[:, None])
+        out = A.tocsr()[self.indices()].toarray()
+        out *= self.scales().astype(A.dtype)[:, None]
+        return out
 
     def _adjoint_numpy(self, Z):
         out = np.zeros((self.input_dim, Z.shape[1]), dtype=Z.dtype)
@@ -63,11 +81,14 @@ class _RowSampling(SketchOperator):
 class UniformSampling(_RowSampling):
     """Uniform row sampling: ``r`` rows of ``A``, each scaled by ``sqrt(n / r)``.
 
-    With ``replace=True`` (default) sample ``i`` is row ``floor(u_i n)`` for the 53-bit uniform
-    ``u_i`` of counter ``(i, 0, STREAM_SAMPLE)``; with ``replace=False`` the rows are the ``r``
-    indices with the smallest Philox hashes (then ``r = n`` gives ``S.T S = I`` exactly). Either
-    way ``E[S.T S] = I``. Cost ``O(r k)`` (a gather); it ignores ``A`` and fails on coherent
-    matrices (a few rows carrying most of the leverage), which leverage sampling fixes.
+    With ``replace=True`` (default) sample ``i`` is an exactly uniform row drawn from the
+    counters ``(i, ., STREAM_SAMPLE)`` (:func:`rsketch._random.bounded_exact`); with
+    ``replace=False`` the rows are a uniformly random ``r``-subset of ``[0, n)`` drawn by Floyd's
+    algorithm (:func:`rsketch._random.sample_without_replacement`), in ascending order (then
+    ``r = n`` gives ``S.T S = I`` exactly). Either way ``E[S.T S] = I``, and the indices cost
+    ``O(r)`` time and memory whatever ``n`` is. Cost ``O(r k)`` (a gather); it ignores ``A`` and
+    fails on coherent matrices (a few rows carrying most of the leverage), which leverage
+    sampling fixes.
 
     Parameters
     ----------
@@ -102,6 +123,7 @@ class UniformSampling(_RowSampling):
         if xp is not None:
             return self._indices(xp)
         if self._idx is None:
+            self._check_index_memory()
             self._idx = self._indices(None)
         return self._idx
 
@@ -109,15 +131,11 @@ class UniformSampling(_RowSampling):
         n, r = self.input_dim, self.sketch_size
         if self.replace:
             if xp is None:
-                w = cpu.philox_words(self.key[0], self.key[1], 0, r, 1, STREAM_SAMPLE)[:, 0, :]
-                return bounded64_from_words(np, w[:, 0], w[:, 1], n)
-            w = random_words(xp, self.key, xp.arange(r, dtype=xp.int64), 0, STREAM_SAMPLE)
-            return bounded64_from_words(xp, w[0], w[1], n)
+                return cpu.uniform_indices(self.key[0], self.key[1], r, n, STREAM_SAMPLE)
+            return bounded_exact(xp, self.key, xp.arange(r, dtype=xp.int64), n, STREAM_SAMPLE)
         if xp is None:
-            w = cpu.philox_words(self.key[0], self.key[1], 0, n, 1, STREAM_SELECT)[:, 0, :]
-            return select_without_replacement(w[:, 0], w[:, 1], n, r)
-        w = random_words(xp, self.key, xp.arange(n, dtype=xp.int64), 0, STREAM_SELECT)
-        return select_without_replacement(np.asarray(w[0]), np.asarray(w[1]), n, r)
+            return cpu.floyd_sample(self.key[0], self.key[1], n, r, STREAM_SELECT)
+        return sample_without_replacement(xp, self.key, n, r, STREAM_SELECT)
 
     def scales(self) -> np.ndarray:
         """Row scales ``sqrt(n / r)``."""
@@ -125,6 +143,26 @@ class UniformSampling(_RowSampling):
 
     def _reference_columns(self, start, stop, xp):
         return self._columns_from(self._indices(xp), self.scales(), start, stop, xp)
+
+
+def check_uniform_mix(uniform_mix) -> float:
+    """The share of uniform probability in leverage sampling: a real number in ``[0, 1)``.
+
+    Examples
+    --------
+    >>> check_uniform_mix(0.25)
+    0.25
+    >>> check_uniform_mix(1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: uniform_mix must lie in [0, 1) (the share of uniform probability), got 1.0
+    """
+    mix = check_real(uniform_mix, "uniform_mix")
+    if not (0.0 <= mix < 1.0):
+        raise ValueError(
+            f"uniform_mix must lie in [0, 1) (the share of uniform probability), got {uniform_mix!r}"
+        )
+    return mix
 
 
 def _check_scores(scores, input_dim):
@@ -186,10 +224,7 @@ class LeverageSampling(_RowSampling):
     ):
         super().__init__(input_dim, sketch_size, seed=seed, dtype=dtype)
         self.scores = _check_scores(scores, self.input_dim)
-        mix = float(uniform_mix)
-        if not 0.0 <= mix < 1.0 or not np.isfinite(mix):
-            raise ValueError(f"uniform_mix must lie in [0, 1), got {uniform_mix!r}")
-        self.uniform_mix = mix
+        self.uniform_mix = mix = check_uniform_mix(uniform_mix)
         self.probabilities = (1 - mix) * self.scores / self.scores.sum() + mix / self.input_dim
         self._cdf = np.cumsum(self.probabilities)
         self._idx = None
@@ -203,6 +238,7 @@ class LeverageSampling(_RowSampling):
             w = random_words(xp, self.key, xp.arange(self.sketch_size, dtype=xp.int64), 0, STREAM_SAMPLE)
             return self._invert(np.asarray(w[0]), np.asarray(w[1]))
         if self._idx is None:
+            self._check_index_memory()
             w = cpu.philox_words(self.key[0], self.key[1], 0, self.sketch_size, 1, STREAM_SAMPLE)[:, 0, :]
             self._idx = self._invert(w[:, 0], w[:, 1])
         return self._idx

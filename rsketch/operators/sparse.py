@@ -9,13 +9,23 @@ import numpy as np
 from rsketch._random import STREAM_ROW, bounded_from_words, random_words, signs_from_words
 from rsketch._validation import check_int
 from rsketch.kernels import cpu
-from rsketch.operators.base import SketchOperator
+from rsketch.operators.base import ACCUMULATOR_BYTES, SketchOperator, canonical_csr
 
 
-def _n_chunks(n: int) -> int:
-    # Row ranges with private accumulators: a function of n only, never of the thread count,
-    # so S @ A is bitwise the same on every machine; at most 8 (memory 8 r k).
-    return min(8, max(1, n // 16384))
+def sparse_chunks(n: int, r: int, k: int, itemsize: int = 8) -> int:
+    """Row ranges of ``A`` with private ``r x k`` accumulators in ``S @ A``: a function of the shape only.
+
+    One range per 16384 rows, at most 8, and together at most :data:`ACCUMULATOR_BYTES`; never a
+    function of the thread count, so ``S @ A`` is bitwise the same for any number of threads. With
+    one range the output itself is the accumulator.
+
+    Examples
+    --------
+    >>> sparse_chunks(500_000, 2000, 100), sparse_chunks(300, 10**9, 2)
+    (8, 1)
+    """
+    by_n = min(8, max(1, n // 16384))
+    return max(1, min(by_n, ACCUMULATOR_BYTES // (itemsize * r * k)))
 
 
 class SparseSign(SketchOperator):
@@ -108,30 +118,62 @@ class SparseSign(SketchOperator):
     def _block_size(self) -> int:
         return max(1, (1 << 20) // self.sketch_size)
 
-    def _apply_numpy(self, A):
-        out = np.empty((self.sketch_size, A.shape[1]), dtype=A.dtype)
-        args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
-        if A.flags.f_contiguous and not A.flags.c_contiguous:
-            cpu.sparse_apply_dense_fortran(*args, A, out, _n_chunks(A.shape[0]))
-        else:
-            cpu.sparse_apply_dense(*args, np.ascontiguousarray(A), out, _n_chunks(A.shape[0]))
+    def _apply_bytes(self, k: int, itemsize: int) -> int:
+        r = self.sketch_size
+        chunks = sparse_chunks(self.input_dim, r, k, itemsize)
+        return itemsize * r * k * (chunks + (chunks > 1))
+
+    def _adjoint_bytes(self, k: int, itemsize: int) -> int:
+        return itemsize * (self.input_dim + self.sketch_size) * k
+
+    def _finish(self, acc, transposed):
+        # One chunk: the accumulator is the output; otherwise the chunks are added in order.
+        if acc.shape[0] == 1 and not transposed:
+            out = acc[0]
+            out *= self._scale
+            return out
+        k = acc.shape[1 if transposed else 2]
+        out = np.empty((self.sketch_size, k), dtype=acc.dtype)
+        (cpu.reduce_chunks_t if transposed else cpu.reduce_chunks)(acc, self._scale, out)
         return out
 
+    def _apply_numpy(self, A):
+        n, k = A.shape
+        r = self.sketch_size
+        chunks = sparse_chunks(n, r, k, A.dtype.itemsize)
+        args = (self.key[0], self.key[1], self.nnz_per_column, r, STREAM_ROW)
+        if A.flags.f_contiguous and not A.flags.c_contiguous:
+            acc = np.zeros((chunks, k, r), dtype=A.dtype)
+            cpu.sparse_apply_dense_fortran(*args, A, acc)
+            if chunks == 1 and (k == 1 or A.dtype.itemsize * r * k > ACCUMULATOR_BYTES):
+                return _scaled_t(acc, self._scale)
+            return self._finish(acc, True)
+        acc = np.zeros((chunks, r, k), dtype=A.dtype)
+        cpu.sparse_apply_dense(*args, np.ascontiguousarray(A), acc)
+        return self._finish(acc, False)
+
     def _apply_sparse(self, A):
-        A = A.tocsr()
-        A.sum_duplicates()
-        out = np.empty((self.sketch_size, A.shape[1]), dtype=A.dtype)
-        args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
-        cpu.sparse_apply_csr(
-            *args, A.indptr, A.indices, A.data, A.shape[0], A.shape[1], out, _n_chunks(A.shape[0])
-        )
-        return out
+        A = canonical_csr(A)
+        n, k = A.shape
+        r = self.sketch_size
+        acc = np.zeros((sparse_chunks(n, r, k, A.dtype.itemsize), r, k), dtype=A.dtype)
+        args = (self.key[0], self.key[1], self.nnz_per_column, r, STREAM_ROW)
+        cpu.sparse_apply_csr(*args, A.indptr, A.indices, A.data, n, k, acc)
+        return self._finish(acc, False)
 
     def _adjoint_numpy(self, Z):
         out = np.empty((self.input_dim, Z.shape[1]), dtype=Z.dtype)
         args = (self.key[0], self.key[1], self.nnz_per_column, self.sketch_size, STREAM_ROW, self._scale)
         cpu.sparse_adjoint(*args, np.ascontiguousarray(Z), out)
         return out
+
+
+def _scaled_t(acc, scale):
+    # The one (k, r) accumulator of a column-major product too large for a second copy: the output
+    # is its transpose (column-major), scaled in place.
+    out = acc[0].T
+    out *= scale
+    return out
 
 
 class CountSketch(SparseSign):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+import numba
 import numpy as np
 import scipy.fft
 
@@ -12,10 +13,10 @@ from rsketch._random import (
     STREAM_SELECT,
     STREAM_SIGN,
     lane_words,
-    random_words,
-    select_without_replacement,
+    sample_without_replacement,
     signs_from_words,
 )
+from rsketch._validation import check_allocation
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
 
@@ -32,8 +33,9 @@ class _SubsampledTransform(SketchOperator):
     ``P`` selecting ``r`` of its ``m`` rows uniformly without replacement; ``E[S.T S] = I``.
 
     The diagonal signs of entry ``j`` are bit 0 of lane ``j % 4`` of counter ``(j // 4, 0, STREAM_SIGN)``;
-    the selected rows are the ``r`` indices of ``[0, m)`` with the smallest Philox hashes
-    (stream ``STREAM_SELECT``), kept in ascending order. Subclasses give ``m`` and ``F``.
+    the selected rows are a uniformly random ``r``-subset of ``[0, m)`` drawn by Floyd's algorithm
+    from counters ``(i, ., STREAM_SELECT)``, ``i < r`` (O(r) time and memory, whatever ``m``), kept
+    in ascending order. Subclasses give ``m`` and ``F``.
     """
 
     _allows_oversize = False
@@ -50,16 +52,16 @@ class _SubsampledTransform(SketchOperator):
     def rows(self) -> np.ndarray:
         """The ``r`` selected rows of the transform (ascending); O(r) state computed once."""
         if self._rows is None:
-            m = self.padded_size
-            words = cpu.philox_words(self.key[0], self.key[1], 0, m, 1, STREAM_SELECT)
-            self._rows = select_without_replacement(words[:, 0, 0], words[:, 0, 1], m, self.sketch_size)
+            r = self.sketch_size
+            check_allocation(
+                40 * r, f"the {r} selected rows of a {type(self).__name__}", "use a smaller sketch_size"
+            )
+            self._rows = cpu.floyd_sample(self.key[0], self.key[1], self.padded_size, r, STREAM_SELECT)
         return self._rows
 
     def reference_rows(self, xp=np):
         """The selected rows from the portable Philox path (must equal :attr:`rows`)."""
-        m = self.padded_size
-        w = random_words(xp, self.key, xp.arange(m, dtype=xp.int64), 0, STREAM_SELECT)
-        return select_without_replacement(np.asarray(w[0]), np.asarray(w[1]), m, self.sketch_size)
+        return sample_without_replacement(xp, self.key, self.padded_size, self.sketch_size, STREAM_SELECT)
 
     def signs(self, start=0, stop=None, xp=np):
         """The diagonal signs ``D[start:stop]`` (float64 +-1)."""
@@ -79,6 +81,9 @@ class _SubsampledTransform(SketchOperator):
         # The transform mixes all rows: a sparse A is densified (documented memory cost n * k).
         return self._apply_numpy(A.toarray())
 
+    def _columns_bytes(self) -> int:
+        return 40 * self.sketch_size if self._rows is None else 0
+
 
 class SRHT(_SubsampledTransform):
     """Subsampled randomized Hadamard transform.
@@ -91,8 +96,9 @@ class SRHT(_SubsampledTransform):
     padded copy of ``A``), time ``O(m log m k)``.
 
     The diagonal signs of entry ``j`` are bit 0 of lane ``j % 4`` of counter ``(j // 4, 0, STREAM_SIGN)``;
-    the selected rows are the ``r`` indices of ``[0, m)`` with the smallest Philox hashes
-    (stream ``STREAM_SELECT``), kept in ascending order.
+    the selected rows are a uniformly random ``r``-subset of ``[0, m)`` (Floyd's algorithm on
+    stream ``STREAM_SELECT``), kept in ascending order. Any column block ``S[:, a:b]`` costs
+    ``O(r (b - a))`` and ``O(r)`` memory, however large ``n`` is (up to ``2**62``).
 
     Parameters
     ----------
@@ -116,7 +122,21 @@ class SRHT(_SubsampledTransform):
     kind = "srht"
 
     def _transform_size(self) -> int:
+        if self.input_dim > 2**62:
+            raise ValueError(
+                f"input_dim must be <= 2**62 for SRHT (it pads to the next power of two, and 2**63 "
+                f"overflows int64 indices); got {self.input_dim}"
+            )
         return 1 << (self.input_dim - 1).bit_length()
+
+    def _apply_bytes(self, k: int, itemsize: int) -> int:
+        groups = min(numba.get_num_threads(), -(-k // 8))
+        buffers = groups * min(8, k) * self.padded_size
+        return itemsize * (self.sketch_size * k + self.input_dim + buffers) + self._columns_bytes()
+
+    def _adjoint_bytes(self, k: int, itemsize: int) -> int:
+        buffers = min(numba.get_num_threads(), k) * self.padded_size
+        return itemsize * (self.input_dim * k + buffers) + self._columns_bytes()
 
     def _columns_from(self, rows, start, stop, xp):
         j = xp.arange(start, stop, dtype=xp.int64)[None, :]
@@ -176,15 +196,32 @@ class SRDCT(_SubsampledTransform):
 
     kind = "srdct"
 
+    # Entry (i, j) has angle pi (2 j + 1) i / (2 n), reduced exactly modulo 2 pi in int64:
+    # (2 j + 1) i < 2**63 needs n <= 2**31.
+    _MAX_INPUT_DIM = 2**31
+
     def _transform_size(self) -> int:
+        if self.input_dim > self._MAX_INPUT_DIM:
+            raise ValueError(
+                f"input_dim must be <= 2**31 for SRDCT (its entries' angles are reduced exactly in int64); "
+                f"got {self.input_dim}; use SRHT for longer vectors"
+            )
         return self.input_dim
 
+    def _apply_bytes(self, k: int, itemsize: int) -> int:
+        return itemsize * (2 * self.input_dim * k + 2 * self.sketch_size * k) + self._columns_bytes()
+
+    def _adjoint_bytes(self, k: int, itemsize: int) -> int:
+        return 3 * itemsize * self.input_dim * k + self._columns_bytes()
+
     def _columns_from(self, rows, start, stop, xp):
+        n = self.input_dim
         j = xp.arange(start, stop, dtype=xp.int64)[None, :]
         i = xp.asarray(rows)[:, None]
         d = self.signs(start, stop, xp)[None, :]
         c = 1.0 - (1.0 - math.sqrt(0.5)) * xp.astype(i == 0, xp.float64)  # DCT-II row 0 has weight 1/sqrt(2)
-        ang = (math.pi / (2 * self.input_dim)) * xp.astype((2 * j + 1) * i, xp.float64)
+        phase = ((2 * j + 1) * i) % (4 * n)  # exact: the angle modulo 2 pi, in units of pi / (2 n)
+        ang = (math.pi / (2 * n)) * xp.astype(phase, xp.float64)
         return math.sqrt(2.0 / self.sketch_size) * c * xp.cos(ang) * d
 
     def _apply_numpy(self, A):

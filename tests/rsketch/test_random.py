@@ -5,12 +5,13 @@ import pytest
 
 from rsketch._random import (
     ZIG_X,
+    bounded_exact,
     derive_key,
     key_from_seed,
     lane_words,
     philox4x32,
     random_words,
-    select_without_replacement,
+    sample_without_replacement,
     ziggurat_columns,
 )
 from rsketch.kernels import cpu
@@ -97,12 +98,23 @@ def test_seed_forms():
         key_from_seed(-1)
 
 
-def test_select_without_replacement_is_a_sorted_subset():
-    w = cpu.philox_words(5, 6, 0, 1000, 1, 1)[:, 0, :]
-    rows = select_without_replacement(w[:, 0], w[:, 1], 1000, 100)
-    assert len(np.unique(rows)) == 100 and (np.diff(rows) > 0).all() and rows.max() < 1000
-    full = select_without_replacement(w[:, 0], w[:, 1], 1000, 1000)
-    np.testing.assert_array_equal(full, np.arange(1000))
+@pytest.mark.parametrize("m, r", [(1000, 100), (1000, 1000), (7, 1), (10**15, 300), (2**62, 5)])
+def test_floyd_sample_is_a_sorted_subset_and_the_kernel_equals_the_portable_path(m, r):
+    rows = cpu.floyd_sample(5, 6, m, r, 1)
+    np.testing.assert_array_equal(rows, sample_without_replacement(np, (5, 6), m, r, 1))
+    assert rows.dtype == np.int64 and len(np.unique(rows)) == r and (np.diff(rows) > 0).all()
+    assert 0 <= rows.min() and rows.max() < m
+    if r == m:
+        np.testing.assert_array_equal(rows, np.arange(m))
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3, 1000, 2**32 + 1, 2**62 + 3, 2**63 - 1])
+def test_bounded_exact_kernel_equals_portable_path(bound):
+    v = cpu.uniform_indices(1, 2, 5000, bound, 4)
+    np.testing.assert_array_equal(v, bounded_exact(np, (1, 2), np.arange(5000), bound, 4))
+    assert v.min() >= 0 and v.max() < bound
+    if bound > 2**40:  # the high bits are used: values spread over the whole range
+        assert v.max() > bound // 2
 
 
 def test_ziggurat_kernel_equals_portable_path_and_is_normal():

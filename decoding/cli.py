@@ -169,6 +169,6 @@ def main(argv=None) -> int:
         parser.error("--batch must be >= 1")
     try:
         return _generate(args) if args.command == "generate" else _demo(args)
-    except (ValueError, TypeError, ModuleNotFoundError, FileNotFoundError, OSError) as e:
+    except (ValueError, TypeError, MemoryError, ModuleNotFoundError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

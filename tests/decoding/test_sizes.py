@@ -216,3 +216,13 @@ def test_kv_cache_module_checks_before_zeros(monkeypatch):
     with pytest.raises(MemoryError, match=r"would need 1\.88 KiB \(1920 bytes\); 1000 bytes are available"):
         KVCache(1, 1, 4, max_seqs=2, capacity=30)
     assert calls == []
+
+
+def test_cli_reports_a_call_that_cannot_fit(tiny_path, monkeypatch, capsys):
+    from decoding import cli
+
+    monkeypatch.setenv("DECODING_MEMORY_LIMIT", "100000")
+    args = ["generate", "the cat", "--model", str(tiny_path[0]), "--batch", "8", "--max-new-tokens", "40"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: generate(8 prompts") and "would need" in err and "available" in err

@@ -186,7 +186,7 @@ def run(record: bool = False):
         return report
     model, tok = load_model()
     strings = tokenization_strings()
-    prompts = [tok.encode(p) for p in PROMPTS]
+    prompts = [tok.encode(p, special=True) for p in PROMPTS]  # hand-written chat prompts
     n_greedy = 64
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.run(
@@ -233,7 +233,7 @@ def run(record: bool = False):
                     "our top-2 gap where they part (/ max logit)": gap,
                 }
             )
-    ours_tok = [tok.encode(s) for s in strings]
+    ours_tok = [tok.encode(s, special=True) for s in strings]  # as llama.cpp, special=True
     diff = [i for i, (a, b) in enumerate(zip(ours_tok, theirs["tokenized"], strict=True)) if a != b]
     report.notes.append(
         f"tokenization: {len(strings) - len(diff)} of {len(strings)} varied strings give identical ids"

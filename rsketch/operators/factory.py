@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from rsketch._validation import SKETCH_KIND_NAMES, check_sketch_kind
+from rsketch._validation import SKETCH_KIND_NAMES, check_operand, check_sketch_kind
 from rsketch.operators.gaussian import GaussianSketch
 from rsketch.operators.sampling import LeverageSampling, UniformSampling
 from rsketch.operators.sparse import CountSketch, SparseSign
@@ -22,13 +22,54 @@ SKETCH_KINDS = {
 assert tuple(SKETCH_KINDS) == SKETCH_KIND_NAMES, "rsketch._validation.SKETCH_KIND_NAMES lists the kinds"
 
 
-def _check_options(func, options, kind):
+def _keyword_options(func) -> set[str]:
     params = inspect.signature(func).parameters
-    allowed = {name for name, prm in params.items() if prm.kind is inspect.Parameter.KEYWORD_ONLY}
-    unknown = set(options) - allowed
+    return {name for name, prm in params.items() if prm.kind is inspect.Parameter.KEYWORD_ONLY} - {"seed"}
+
+
+def _check_options(func, options, kind):
+    allowed = _keyword_options(func)
+    unknown = set(options) - allowed - {"seed"}
     if unknown:
-        allowed = sorted(allowed - {"seed"})
-        raise TypeError(f"unknown option(s) {sorted(unknown)} for sketch kind {kind!r}; allowed: {allowed}")
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)} for sketch kind {kind!r}; allowed: {sorted(allowed)}"
+        )
+
+
+def sketch_options(kind) -> tuple[str, ...]:
+    """The family options :func:`make_sketch` accepts for ``kind`` (besides ``seed`` and ``A``).
+
+    Examples
+    --------
+    >>> sketch_options("sparse_sign")
+    ('dtype', 'nnz_per_column')
+    >>> sketch_options("leverage")
+    ('dtype', 'method', 'scores', 'uniform_mix')
+    """
+    check_sketch_kind(kind, "kind")
+    cls = SKETCH_KINDS[kind]
+    allowed = _keyword_options(cls.__init__)
+    if kind == "leverage":
+        allowed |= _keyword_options(cls.from_matrix)
+    return tuple(sorted(allowed))
+
+
+def check_sketch_options(kind, options, where: str = "make_sketch") -> None:
+    """Raise ``TypeError`` naming the unknown ones when ``options`` are not all options of ``kind``.
+
+    Examples
+    --------
+    >>> check_sketch_options("leverage", {"uniform_mx": 0.5}, "bounds")
+    Traceback (most recent call last):
+    ...
+    TypeError: bounds: unknown option(s) ['uniform_mx'] for sketch kind 'leverage'; allowed: ['dtype', ...]
+    """
+    allowed = sketch_options(kind)
+    unknown = set(options) - set(allowed)
+    if unknown:
+        raise TypeError(
+            f"{where}: unknown option(s) {sorted(unknown)} for sketch kind {kind!r}; allowed: {list(allowed)}"
+        )
 
 
 def make_sketch(kind, input_dim, sketch_size, *, seed=None, A=None, **options):
@@ -65,8 +106,7 @@ def make_sketch(kind, input_dim, sketch_size, *, seed=None, A=None, **options):
         if A is None:
             raise ValueError("kind='leverage' needs either scores=... or the matrix A to compute them from")
         _check_options(cls.from_matrix, options, kind)
-        if A.shape[0] != input_dim:
-            raise ValueError(f"A must have input_dim={input_dim} rows, got shape {A.shape}")
+        A, _ = check_operand(A, input_dim, "A", rows_label="make_sketch's input_dim")
         return cls.from_matrix(A, sketch_size, seed=seed, **options)
     _check_options(cls.__init__, options, kind)
     return cls(input_dim, sketch_size, seed=seed, **options)

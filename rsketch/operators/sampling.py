@@ -300,16 +300,37 @@ class LeverageSampling(_RowSampling):
         )
 
 
+def _zero_matrix_error() -> ValueError:
+    return ValueError(
+        "A is zero (rank 0): its leverage scores are undefined; pass scores=... or use uniform sampling"
+    )
+
+
 def exact_leverage(A) -> np.ndarray:
-    """Leverage scores of ``A``: squared row norms of an orthonormal basis of its range."""
+    """Leverage scores of ``A``: squared row norms of an orthonormal basis of its range.
+
+    Examples
+    --------
+    >>> exact_leverage(np.eye(3)[:, :2])
+    array([1., 1., 0.])
+    """
     dense = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
     U, s, _ = scipy.linalg.svd(dense, full_matrices=False, check_finite=False)
     rank = int(np.sum(s > s[0] * max(dense.shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
+    if rank == 0:
+        raise _zero_matrix_error()
     return np.einsum("ij,ij->i", U[:, :rank], U[:, :rank])
 
 
 def approximate_leverage(A, key) -> np.ndarray:
-    """Drineas, Magdon-Ismail, Mahoney & Woodruff (2012) approximate leverage scores."""
+    """Drineas, Magdon-Ismail, Mahoney & Woodruff (2012) approximate leverage scores.
+
+    Examples
+    --------
+    >>> A = np.random.default_rng(0).standard_normal((1000, 4))
+    >>> bool(abs(approximate_leverage(A, (1, 2)).sum() - 4) < 1)
+    True
+    """
     n, p = A.shape
     r1 = min(n, 4 * p + 64)
     Pi1 = SRHT(n, r1, seed=np.random.SeedSequence(list(derive_key(key, 1))))
@@ -317,6 +338,8 @@ def approximate_leverage(A, key) -> np.ndarray:
     # Pseudo-inverse factor of Pi1 A by SVD: robust to rank deficiency (R^{-1} = V diag(1/s)).
     _, s, Vt = scipy.linalg.svd(SA, full_matrices=False, check_finite=False)
     rank = int(np.sum(s > s[0] * max(SA.shape) * np.finfo(np.float64).eps)) if s[0] > 0 else 0
+    if rank == 0:
+        raise _zero_matrix_error()
     Rinv = Vt[:rank].T / s[:rank]
     r2 = max(32, math.ceil(4 * math.log(n)))
     # N(0, 1/r2) entries, so E[||x Pi2||^2] = ||x||^2 (a JL projection of the rows of A R^-1).

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rsketch._validation import check_int, check_sketch_kind
-from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX
+from rsketch.operators.factory import check_sketch_options
+from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, check_uniform_mix
 
 PAPER = "Raskutti & Mahoney (JMLR 2016), form as drawn in the Dobriban & Liu (2019) replication code"
 PAPER_SHAPE = (
@@ -545,7 +546,8 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
     **sketch_options
         The family's options as passed to :func:`rsketch.efficiency` (``uniform_mix`` and ``scores`` for
         leverage sampling, ``replace`` for uniform sampling, ``nnz_per_column`` for sparse sign); they change
-        the sampling probabilities or the sparsity the bounds use.
+        the sampling probabilities or the sparsity the bounds use. An option the family does not have
+        raises ``TypeError`` listing the ones it has.
 
     Returns
     -------
@@ -571,9 +573,14 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
     5.0
     """
     check_sketch_kind(kind, "kind")
+    check_sketch_options(kind, sketch_options, "bounds")
     n = check_int(n, "n", minimum=2)
     p = check_int(p, "p", minimum=1, maximum=n - 1)
     r = check_int(r, "r", minimum=1)
+    if "uniform_mix" in sketch_options:
+        check_uniform_mix(sketch_options["uniform_mix"])
+    if sketch_options.get("nnz_per_column") is not None:
+        check_int(sketch_options["nnz_per_column"], "nnz_per_column", minimum=1, maximum=r)
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0 < float(delta) < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
     delta = float(delta)

@@ -37,10 +37,10 @@ from rsketch._validation import (
     check_int,
     check_option,
     check_sketch_kind,
-    one_blas_thread,
     seed_sequence,
 )
 from rsketch.operators import make_sketch
+from rsketch.operators.factory import check_sketch_options
 
 MEASURES = ("pe", "re", "wc")
 
@@ -49,13 +49,12 @@ _N_BOOT = 4000
 # Dense Gaussian sketches are generated once per draw and kept (S @ U and S.T @ Q then reuse them)
 # when they fit in this many bytes; otherwise they are generated twice (once per product).
 _GAUSSIAN_CACHE_BYTES = 512 * 2**20
-# The per-draw SVD of the small r x p matrix runs on one BLAS thread: threaded LAPACK on a matrix this small
-# costs more in synchronisation than it saves (docs/efficiency.md). The large products keep every thread.
+# The per-draw SVD of the small r x p matrix runs with the process's BLAS threads: limiting them would
+# change them for every other thread of the process too (docs/efficiency.md, docs/operators.md "Threads").
 
 
 def _small_svd(A):
-    with one_blas_thread():
-        return np.linalg.svd(A, full_matrices=False)
+    return np.linalg.svd(A, full_matrices=False)
 
 
 @dataclass(frozen=True)
@@ -215,8 +214,7 @@ def _check_positive(value, name: str) -> float:
 
 def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Thin SVD ``X = U diag(s) Vt`` of a full-column-rank ``X``; raises ``ValueError`` if rank-deficient."""
-    with one_blas_thread():
-        U, s, Vt = scipy.linalg.svd(X, full_matrices=False, check_finite=False)
+    U, s, Vt = scipy.linalg.svd(X, full_matrices=False, check_finite=False)
     U = np.ascontiguousarray(U)  # row-major: the sparse kernels stream rows (10x faster than column-major)
     tol = s[0] * max(X.shape) * np.finfo(np.float64).eps if s.size and s[0] > 0 else 0.0
     if s.size == 0 or s[-1] <= tol:
@@ -463,6 +461,8 @@ def efficiency(
     sigma = _check_positive(sigma, "sigma")
     n_noise = check_int(n_noise, "n_noise", minimum=2)
     beta = np.zeros(p) if beta is None else _check_vector(beta, p, "beta")
+    if method == "simulate":
+        _check_noise_scale(X, beta, sigma, n_noise)
     if y is not None:
         y = _check_vector(y, n, "y")
     root = seed_sequence(seed)
@@ -490,6 +490,8 @@ def efficiency(
             bar.update(1)
     finally:
         bar.close()
+    if method == "simulate":
+        _check_simulated_draws(draws, sigma)
     shown = {k: v for k, v in sketch_options.items() if k != "scores"}
     return _summarise(
         draws,
@@ -505,9 +507,44 @@ def efficiency(
     )
 
 
+def _check_noise_scale(X, beta, sigma, n_noise) -> None:
+    """``sigma`` (with ``X @ beta``) must keep every simulated sum of squares finite, normal and accurate.
+
+    The largest sum, over ``n (n_noise + 1)`` squares of ``|X beta| + 7 sigma``, must stay below
+    ``1e300``; the smallest squares, of size ``sigma**2 p / n``, above ``1e-290`` (no underflow) and,
+    relative to ``X beta``, above rounding (``sigma sqrt(p / n) >= 1e-8 max|X beta|``).
+    """
+    n, p = X.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = float(np.max(np.abs(X @ beta)))
+    if not math.isfinite(scale):
+        raise ValueError("beta is too large: X @ beta overflows")
+    spread = math.sqrt(p / n)
+    low = max(1e-145 / spread, 1e-8 * scale / spread)
+    high = 1e150 / (7.0 * math.sqrt(n * (n_noise + 1.0))) - scale / 7.0
+    if not low <= sigma <= high:
+        raise ValueError(
+            f"sigma must lie in [{low:.3g}, {high:.3g}] for method='simulate' with this X, beta and "
+            f"n_noise={n_noise} (the squared errors would overflow, underflow or drown in rounding); got "
+            f"{sigma:.3g}. The efficiencies do not depend on sigma or beta: sigma=1 and beta=None are safe"
+        )
+
+
+def _check_simulated_draws(draws, sigma) -> None:
+    """Raise if a full-rank simulated draw came out non-finite (never return NaN efficiencies silently)."""
+    full_rank = draws[:, 3] == 0
+    bad = full_rank & ~np.isfinite(draws[:, :2]).all(axis=1)
+    if bad.any():
+        raise FloatingPointError(
+            f"{int(bad.sum())} of {len(draws)} simulated draws gave non-finite efficiencies at "
+            f"sigma={sigma:.3g}: the noise overflowed or underflowed; use sigma nearer 1"
+        )
+
+
 def _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options) -> int:
-    """Check the sketch family, its size for ``n`` rows, the draw count and the method; return ``r``."""
+    """Check the family and its options, its size for ``n`` rows, the draw count, the method; return r."""
     check_sketch_kind(sketch, "sketch")
+    check_sketch_options(sketch, sketch_options, "efficiency")
     r = check_int(sketch_size, "sketch_size", minimum=1)
     check_int(n_sketches, "n_sketches", minimum=1)
     check_option(method, "method", EFFICIENCY_METHODS)

@@ -288,10 +288,12 @@ def _format_bytes(n: int) -> str:
 
 
 def check_allocation(nbytes: int, what: str, hint: str = "use smaller sizes") -> None:
-    """Raise ``MemoryError`` before allocating ``nbytes`` when the machine does not have them free.
+    """Raise ``MemoryError`` before allocating ``nbytes`` when they exceed half the memory available.
 
-    ``what`` names the operation and its sizes, ``hint`` what the caller can do; the message
-    gives both figures. Allocations under 64 MiB are not checked.
+    Half, not all: the rest is for the caller's own arrays and the system; an operation that takes
+    nearly all the free memory ends in swapping or in the kernel's out-of-memory killer rather than
+    in an error. ``what`` names the operation and its sizes, ``hint`` what the caller can do; the
+    message gives both figures. Allocations under 64 MiB are not checked.
 
     Examples
     --------
@@ -299,16 +301,16 @@ def check_allocation(nbytes: int, what: str, hint: str = "use smaller sizes") ->
     >>> check_allocation(2**80, "S @ A with sketch_size=10**20", "use a smaller sketch_size")
     Traceback (most recent call last):
     ...
-    MemoryError: S @ A with sketch_size=10**20 needs 1.1e+12 TiB of memory, but only ... is available; ...
+    MemoryError: S @ A with sketch_size=10**20 needs 1.1e+12 TiB of memory, more than half of the ...; ...
     """
     nbytes = int(nbytes)
     if nbytes < _CHECK_FROM:
         return
     avail = available_memory()
-    if avail is not None and nbytes > avail:
+    if avail is not None and nbytes > avail // 2:
         raise MemoryError(
-            f"{what} needs {_format_bytes(nbytes)} of memory, but only {_format_bytes(avail)} "
-            f"is available; {hint}"
+            f"{what} needs {_format_bytes(nbytes)} of memory, more than half of the {_format_bytes(avail)} "
+            f"available; {hint}"
         )
 
 

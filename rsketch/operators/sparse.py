@@ -129,9 +129,7 @@ class SparseSign(SketchOperator):
     def _finish(self, acc, transposed):
         # One chunk: the accumulator is the output; otherwise the chunks are added in order.
         if acc.shape[0] == 1 and not transposed:
-            out = acc[0]
-            out *= self._scale
-            return out
+            return _scaled(acc[0], self._scale)
         k = acc.shape[1 if transposed else 2]
         out = np.empty((self.sketch_size, k), dtype=acc.dtype)
         (cpu.reduce_chunks_t if transposed else cpu.reduce_chunks)(acc, self._scale, out)
@@ -168,12 +166,16 @@ class SparseSign(SketchOperator):
         return out
 
 
+def _scaled(out, scale):
+    # In place, rounded as the chunk reduction rounds (a float64 product, then the output's dtype),
+    # so one chunk gives the bits that several chunks' kernels would.
+    return np.multiply(out, np.float64(scale), out=out, casting="unsafe")
+
+
 def _scaled_t(acc, scale):
     # The one (k, r) accumulator of a column-major product too large for a second copy: the output
     # is its transpose (column-major), scaled in place.
-    out = acc[0].T
-    out *= scale
-    return out
+    return _scaled(acc[0].T, scale)
 
 
 class CountSketch(SparseSign):

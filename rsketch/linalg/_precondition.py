@@ -190,6 +190,7 @@ def backward_error_estimate(factor, g, rnorm, coef):
 MAX_STEPS = 6
 STEP_GAIN = 0.5
 AIM = 0.25
+POLISH = 1e-4
 
 
 def refine(design, Y, coef, factor, *, tol, max_iter, log):
@@ -262,7 +263,9 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log):
                 return best["coef"], iterations, converged, best["rnorm"], est / frob if frob else est
             todo, prev_fe = go, fe
         c = c * todo  # finished columns stay as they are
-        floor = 0.1 * kappa_u * np.sqrt(np.einsum("ij,ij->j", c, c))
+        # From the third step on, a step only polishes the forward error left by the previous one
+        # (the backward error is done by then): four digits of it are enough.
+        floor = max(0.1 * kappa_u, POLISH if step >= 2 else 0.0) * np.sqrt(np.einsum("ij,ij->j", c, c))
         # Solve until the correction's remaining error, at most ||rho|| / s_min, is a tenth of u ||coef||,
         # or to where rounding stops the inner solve anyway (about kappa u relative to ||c||).
         enough = 0.1 * _U * s_min * np.sqrt(np.einsum("ij,ij->j", coef, coef))

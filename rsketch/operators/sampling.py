@@ -314,6 +314,13 @@ def exact_leverage(A) -> np.ndarray:
     >>> exact_leverage(np.eye(3)[:, :2])
     array([1., 1., 0.])
     """
+    n, p = A.shape
+    q = min(n, p)
+    check_allocation(
+        8 * (2 * n * p + n * q + n),
+        f"exact leverage scores of a {n} x {p} A (a thin SVD)",
+        "use method='approx'",
+    )
     dense = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
     U, s, _ = scipy.linalg.svd(dense, full_matrices=False, check_finite=False)
     rank = int(np.sum(s > s[0] * max(dense.shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
@@ -333,6 +340,12 @@ def approximate_leverage(A, key) -> np.ndarray:
     """
     n, p = A.shape
     r1 = min(n, 4 * p + 64)
+    r2 = max(32, math.ceil(4 * math.log(n)))
+    check_allocation(
+        8 * (n * r2 + n),
+        f"approximate leverage scores of a {n} x {p} A (an {n} x {r2} projection)",
+        "pass scores=...",
+    )
     Pi1 = SRHT(n, r1, seed=np.random.SeedSequence(list(derive_key(key, 1))))
     SA = Pi1 @ A
     # Pseudo-inverse factor of Pi1 A by SVD: robust to rank deficiency (R^{-1} = V diag(1/s)).
@@ -341,7 +354,6 @@ def approximate_leverage(A, key) -> np.ndarray:
     if rank == 0:
         raise _zero_matrix_error()
     Rinv = Vt[:rank].T / s[:rank]
-    r2 = max(32, math.ceil(4 * math.log(n)))
     # N(0, 1/r2) entries, so E[||x Pi2||^2] = ||x||^2 (a JL projection of the rows of A R^-1).
     Pi2 = GaussianSketch(rank, r2, seed=np.random.SeedSequence(list(derive_key(key, 2)))).to_dense().T
     Omega = Rinv @ Pi2  # (p, r2)

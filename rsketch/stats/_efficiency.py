@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from rsketch._validation import (
     EFFICIENCY_METHODS,
+    check_allocation,
     check_int,
     check_option,
     check_sketch_kind,
@@ -467,6 +468,15 @@ def efficiency(
         y = _check_vector(y, n, "y")
     root = seed_sequence(seed)
 
+    # Per draw: [U, y] and S^T Q (closed form), or the noise, fits and residuals (simulate), each n x width.
+    width = 3 * (p + 1) if method == "closed_form" else 5 * (n_noise + 1) + p
+    check_allocation(
+        8 * n * (width + 2 * p),
+        f"efficiency with n={n}, p={p}" + (f", n_noise={n_noise}" if method == "simulate" else ""),
+        "use a smaller n_noise or a sample of the rows of X"
+        if method == "simulate"
+        else "use fewer rows of X",
+    )
     svd_x = orthonormal_basis(X)
     options = dict(sketch_options)
     if sketch == "leverage" and "scores" not in options:

@@ -226,6 +226,13 @@ def test_an_output_that_cannot_fit_raises_memory_error_before_allocating(monkeyp
         lambda: rsketch.make_sketch("srht", 10**15, 10**14)[:, 0:1],
         lambda: rsketch.make_sketch("uniform", 10**15, 10**14, replace=False)[:, 0:1],
         lambda: rsketch.make_sketch("gaussian", 10**6, 10**6).to_dense(),
+        lambda: rsketch.efficiency(
+            np.random.default_rng(0).standard_normal((2000, 5)),
+            sketch="gaussian",
+            sketch_size=100,
+            method="simulate",
+            n_noise=10**7,
+        ),
     ],
 )
 def test_impossible_sizes_raise_memory_error_naming_the_size(call):

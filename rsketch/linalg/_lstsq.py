@@ -143,10 +143,10 @@ def lstsq(
         X, SX, x_shift = sketch_design(S, X)
         SY = S @ Y
         t1 = time.perf_counter()
-        factor = sketched_factor(SX)
+        factor = sketched_factor(SX, SY)
         rank = factor.rank
         t2 = time.perf_counter()
-        coef = factor.M @ (factor.W.T @ SY)
+        coef = factor.presolve
         t3 = time.perf_counter()
         log.sketch, log.factor, log.presolve = t1 - t0, t2 - t1, t3 - t2
         if method == "sketch_and_solve":

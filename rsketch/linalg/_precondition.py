@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from rsketch._validation import one_blas_thread
 from rsketch.linalg._results import ConvergenceWarning
 
 _EPS = np.finfo(np.float64).eps
@@ -53,14 +52,15 @@ class SketchedFactor:
     ----------
     M : ndarray of shape (p, rank)
         ``V_k / s_k``: right preconditioner (``X @ M`` has orthonormal-like columns).
-    W : ndarray of shape (r, rank)
-        ``U_k``: the sketch-and-solve solution is ``M @ (W.T @ (S y))``.
     s : ndarray of shape (min(r, p),)
         All singular values of ``S X``.
     rank : int
         How many of them lie above :data:`RANK_CUTOFF` ``* u * s_1``.
     Vt : ndarray of shape (min(r, p), p)
         All right singular vectors (rows), for the backward-error estimate.
+    presolve : ndarray of shape (p, k) or None
+        The sketch-and-solve solution ``argmin ||S X c - S y||`` (minimum norm) for the ``S y``
+        given to :func:`sketched_factor`, or None.
 
     Examples
     --------
@@ -71,10 +71,10 @@ class SketchedFactor:
     """
 
     M: np.ndarray
-    W: np.ndarray
     s: np.ndarray
     rank: int
     Vt: np.ndarray
+    presolve: np.ndarray | None = None
 
     @property
     def kappa(self) -> float:
@@ -87,12 +87,14 @@ class SketchedFactor:
         return float(np.sqrt(np.sum(self.s**2)))
 
 
-def sketched_factor(SX):
-    """Preconditioner and warm-start basis from the SVD of ``S X``.
+def sketched_factor(SX, SY=None):
+    """Preconditioner, singular values and the sketch-and-solve solution from ``S X`` (and ``S y``).
 
     Parameters
     ----------
     SX : ndarray of shape (r, p)
+    SY : ndarray of shape (r, k), optional
+        The sketched right-hand sides, for :attr:`SketchedFactor.presolve`.
 
     Returns
     -------
@@ -100,37 +102,39 @@ def sketched_factor(SX):
 
     Notes
     -----
-    The rank keeps the singular values above ``8 u s_1`` (``u = eps / 2``). A computed SVD of a
-    rank-deficient ``S X`` shows its zero singular values as about ``2 u s_1`` (QR first, then the SVD
-    of ``R``; measured for ``r`` from 500 to 20,000), so they are dropped and the answer is the
-    minimum-norm one; and dropping a singular value below ``8 u s_1`` is itself a perturbation of
-    ``X`` of at most ``8 u ||X||``, so the truncated answer is still backward stable. NumPy's
-    ``matrix_rank`` cutoff, ``max(r, p) eps s_1``, would drop genuine singular values of a matrix
-    with condition number ``1e14`` and cost a backward error of ``1e-14``.
+    ``S X = Q R`` (LAPACK's Householder QR), then the SVD ``R = U_r diag(s) V.T`` of the ``p x p``
+    triangle; ``Q.T S y`` gives the sketch-and-solve solution without forming ``U = Q U_r``. They run
+    on OpenBLAS's threads as the process has them set: rsketch never changes that setting (on a busy
+    two-core machine threaded LAPACK on a small matrix can be slow; ``docs/solvers.md``). The rank
+    keeps the singular values above ``8 u s_1`` (``u = eps / 2``). A computed SVD of
+    a rank-deficient ``S X`` shows its zero singular values as about ``2 u s_1`` (measured for ``r``
+    from 500 to 20,000), so they are dropped and the answer is the minimum-norm one; and dropping a
+    singular value below ``8 u s_1`` is itself a perturbation of ``X`` of at most ``8 u ||X||``, so
+    the truncated answer is still backward stable. NumPy's ``matrix_rank`` cutoff,
+    ``max(r, p) eps s_1``, would drop genuine singular values of a matrix with condition number
+    ``1e14`` and cost a backward error of ``1e-14``.
 
     Examples
     --------
     >>> import numpy as np
-    >>> f = sketched_factor(np.diag([3.0, 2.0, 0.0]))
-    >>> f.rank, f.M.shape
-    (2, (3, 2))
+    >>> f = sketched_factor(np.diag([3.0, 2.0, 0.0]), np.ones((3, 1)))
+    >>> f.rank, f.M.shape, f.presolve.ravel().tolist()
+    (2, (3, 2), [0.3333333333333333, 0.5, 0.0])
     """
-    # Small dense factorisations run on one BLAS thread: threaded LAPACK on an r x p matrix costs
-    # more in synchronisation than it saves (docs/solvers.md). QR first, then the SVD of the p x p
-    # factor R (cheaper than the SVD of S X itself).
-    with one_blas_thread():
-        if SX.shape[0] > SX.shape[1]:
-            Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)
-            Ur, s, Vt = scipy.linalg.svd(R, check_finite=False, lapack_driver="gesdd")
-            U = Q @ Ur
-        else:
-            U, s, Vt = scipy.linalg.svd(SX, full_matrices=False, check_finite=False, lapack_driver="gesdd")
+    if SX.shape[0] > SX.shape[1]:
+        Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)
+        U, s, Vt = scipy.linalg.svd(R, check_finite=False, lapack_driver="gesdd")
+        qty = None if SY is None else Q.T @ SY
+    else:  # r <= p: the SVD of the small S X itself
+        U, s, Vt = scipy.linalg.svd(SX, full_matrices=False, check_finite=False, lapack_driver="gesdd")
+        qty = SY
     if s.size == 0 or s[0] == 0.0:
         rank = 0
     else:
         rank = int(np.count_nonzero(s > s[0] * RANK_CUTOFF * _U))
     M = Vt[:rank].T / s[:rank]
-    return SketchedFactor(M, U[:, :rank], s, rank, Vt)
+    presolve = None if qty is None else M @ (U[:, :rank].T @ qty)
+    return SketchedFactor(M, s, rank, Vt, presolve)
 
 
 def backward_error_estimate(factor, g, rnorm, coef):

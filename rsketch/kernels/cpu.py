@@ -192,7 +192,7 @@ def _zig_take(W, h, tq, X, out, base, stride, pos, key0, key1, j, q0):
     return pos + np.int64(ok)
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _zig_fill(key0, key1, j, attempt, stream, out, base, stride, pos, stop, X, W):
     """Accepted normals ``pos .. stop - 1`` of column ``j``, from ``attempt`` on; returns the next attempt.
 

@@ -59,7 +59,10 @@ def lstsq(
         backward stable like Householder QR (``docs/solvers.md`` derives why). ``"ihs"``: iterative
         Hessian sketch (Pilanci & Wainwright 2016), a fresh sketch each iteration.
     seed : None, int, SeedSequence or Generator
-        Randomness of the sketch(es); a fixed int gives the same answer bit for bit.
+        Randomness of the sketch(es); a fixed int gives the same sketch, and the same ``S X`` bit for
+        bit under any thread count. The answer is bitwise reproducible for a fixed BLAS thread count:
+        the QR and SVD of ``S X`` go through LAPACK, whose rounding follows OpenBLAS's threads
+        (``docs/operators.md``, "Threads").
     tol : float in (0, 1), optional
         ``"precondition"``: the target backward error, relative to ``||X||_F`` (the Karlson-Walden
         estimate from the sketch, per column); default ``10 u = 1.1e-15``, the stable level.

@@ -288,6 +288,22 @@ def _gaussian(n, p, r, delta):
     return out
 
 
+def _re_from_pe(pe_b, n, p, delta, cond):
+    """The RE bound that the exact identity ``C_RE = 1 + p (C_PE - 1) / (n - p)`` gives from a PE bound."""
+    return Bound(
+        "re",
+        "upper",
+        1 + p * (pe_b - 1) / (n - p),
+        "1 + p (B_PE - 1)/(n-p)",
+        DERIVED,
+        1 - delta,
+        True,
+        "draw",
+        cond,
+        "exact identity applied to the PE bound",
+    )
+
+
 def _srht(n, p, r, delta):
     L = math.log(n * p)
     pe = 40 * L * (1 + n / r)
@@ -366,20 +382,7 @@ def _sampling(kind, n, p, r, delta, ell, options):
             note,
         )
     )
-    out.append(
-        Bound(
-            "re",
-            "upper",
-            1 + p * (pe_b - 1) / (n - p),
-            "1 + p (B_PE - 1)/(n-p)",
-            DERIVED,
-            1 - delta,
-            True,
-            "draw",
-            cond,
-            "exact identity applied to the PE bound",
-        )
-    )
+    out.append(_re_from_pe(pe_b, n, p, delta, cond))
     out.append(
         Bound(
             "wc",
@@ -482,18 +485,7 @@ def _sparse(kind, n, p, r, delta, ell, options):
             cond,
             note + f"; v = {v:.3g} ~ 1/r",
         ),
-        Bound(
-            "re",
-            "upper",
-            1 + p * (pe_b - 1) / (n - p),
-            "1 + p (B_PE - 1)/(n-p)",
-            DERIVED,
-            1 - delta,
-            True,
-            "draw",
-            cond,
-            "exact identity applied to the PE bound",
-        ),
+        _re_from_pe(pe_b, n, p, delta, cond),
         Bound(
             "wc",
             "upper",

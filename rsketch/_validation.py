@@ -135,6 +135,32 @@ def check_operand(
     return A, is_vector
 
 
+def check_real_vector(value, length: int, name: str) -> np.ndarray:
+    """``value`` as a finite float64 vector of shape ``(length,)``; errors name ``name``.
+
+    Examples
+    --------
+    >>> check_real_vector([1, 2], 2, "beta").tolist()
+    [1.0, 2.0]
+    >>> check_real_vector([1.0, float("nan")], 2, "beta")
+    Traceback (most recent call last):
+    ...
+    ValueError: beta contains NaN or infinite values
+    """
+    try:
+        v = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-D array of real numbers: {exc}") from exc
+    if v.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {v.dtype}")
+    if v.shape != (length,):
+        raise ValueError(f"{name} must have shape ({length},), got {v.shape}")
+    v = v.astype(np.float64)
+    if not np.isfinite(v).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return v
+
+
 def check_option(value, name: str, allowed) -> str:
     """A string option that must be one of ``allowed``."""
     if not isinstance(value, str) or value not in allowed:

@@ -18,7 +18,7 @@ from rsketch._random import (
     sample_without_replacement,
     uniform53_from_words,
 )
-from rsketch._validation import check_allocation, check_operand, check_option, check_real
+from rsketch._validation import check_allocation, check_operand, check_option, check_real, check_real_vector
 from rsketch.kernels import cpu
 from rsketch.operators.base import SketchOperator
 from rsketch.operators.gaussian import GaussianSketch
@@ -166,17 +166,7 @@ def check_uniform_mix(uniform_mix) -> float:
 
 
 def _check_scores(scores, input_dim):
-    try:
-        s = np.asarray(scores)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"scores must be a 1-D array of non-negative numbers: {exc}") from exc
-    if s.dtype.kind not in "iuf":
-        raise TypeError(f"scores must be real numbers, got dtype {s.dtype}")
-    s = s.astype(np.float64)
-    if s.shape != (input_dim,):
-        raise ValueError(f"scores must have shape ({input_dim},) (one per row), got {s.shape}")
-    if not np.isfinite(s).all():
-        raise ValueError("scores contain NaN or infinite values")
+    s = check_real_vector(scores, input_dim, "scores")
     if (s < 0).any():
         raise ValueError("scores must be non-negative (leverage scores lie in [0, 1])")
     if s.sum() <= 0:

@@ -37,6 +37,7 @@ from rsketch._validation import (
     check_allocation,
     check_int,
     check_option,
+    check_real_vector,
     check_sketch_kind,
     seed_sequence,
 )
@@ -187,21 +188,6 @@ def _check_design(X) -> np.ndarray:
     if not np.isfinite(X).all():
         raise ValueError("X contains NaN or infinite values")
     return X
-
-
-def _check_vector(v, length: int, name: str) -> np.ndarray:
-    try:
-        v = np.asarray(v)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D array of real numbers: {exc}") from exc
-    if v.dtype.kind not in "iuf":
-        raise TypeError(f"{name} must hold real numbers, got dtype {v.dtype}")
-    if v.shape != (length,):
-        raise ValueError(f"{name} must have shape ({length},), got {v.shape}")
-    v = v.astype(np.float64)
-    if not np.isfinite(v).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return v
 
 
 def _check_positive(value, name: str) -> float:
@@ -461,11 +447,11 @@ def efficiency(
     r = _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options)
     sigma = _check_positive(sigma, "sigma")
     n_noise = check_int(n_noise, "n_noise", minimum=2)
-    beta = np.zeros(p) if beta is None else _check_vector(beta, p, "beta")
+    beta = np.zeros(p) if beta is None else check_real_vector(beta, p, "beta")
     if method == "simulate":
         _check_noise_scale(X, beta, sigma, n_noise)
     if y is not None:
-        y = _check_vector(y, n, "y")
+        y = check_real_vector(y, n, "y")
     root = seed_sequence(seed)
 
     # Per draw: [U, y] and S^T Q (closed form), or the noise, fits and residuals (simulate), each n x width.

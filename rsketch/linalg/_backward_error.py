@@ -31,7 +31,8 @@ def _two_prod(a, b):
     return p, e
 
 
-def _two_sum(a, b):
+def two_sum(a, b):
+    """``(s, e)`` with ``s = fl(a + b)`` and ``a + b = s + e`` exactly (Knuth), elementwise."""
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
@@ -43,9 +44,9 @@ def accurate_residual(X, y, coef):
     err = np.zeros_like(s)
     for j in range(X.shape[1]):
         p, e = _two_prod(X[:, j], -coef[j])
-        s, t = _two_sum(s, p)
+        s, t = two_sum(s, p)
         err += t + e
-    hi, lo = _two_sum(s, err)
+    hi, lo = two_sum(s, err)
     return hi, lo
 
 

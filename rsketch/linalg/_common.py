@@ -145,3 +145,14 @@ def apply_sketch(S, X, name="X"):
     except ValueError:
         check_finite(X, name)
         raise
+
+
+def column_norms(A: np.ndarray) -> np.ndarray:
+    """Euclidean norm of each column of a 2-D array (the solvers scale their data into range first).
+
+    Examples
+    --------
+    >>> column_norms(np.array([[3.0, 0.0], [4.0, 2.0]])).tolist()
+    [5.0, 2.0]
+    """
+    return np.sqrt(np.einsum("ij,ij->j", A, A))

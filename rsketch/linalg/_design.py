@@ -11,6 +11,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from rsketch.kernels import cpu
+from rsketch.linalg._backward_error import two_sum
 
 # Right-hand sides up to this many go through the fused kernels; beyond it, blocked BLAS-3
 # (a few thousand rows at a time, so the second read of each block hits cache).
@@ -86,9 +87,7 @@ class Design:
             Xb = X[a : a + rows]
             Xb = np.ascontiguousarray(Xb.toarray() if self.sparse else Xb)
             part, part_nrm = cpu.residual_gradient(Xb, np.ascontiguousarray(Y[a : a + rows]), B, 1, accuracy)
-            total = hi + part  # TwoSum: the blocks' partial gradients cancel, so their sum is kept exact
-            back = total - hi
-            lo += (hi - (total - back)) + (part - back)
-            hi = total
+            hi, err = two_sum(hi, part)  # the blocks' partial gradients cancel: their sum is kept exact
+            lo += err
             nrm += part_nrm
         return hi + lo, nrm

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from rsketch.linalg._common import apply_sketch
+from rsketch.linalg._common import apply_sketch, column_norms
 from rsketch.linalg._design import Design
 from rsketch.linalg._precondition import backward_error_estimate, sketched_factor
 from rsketch.operators import LeverageSampling
@@ -39,7 +39,7 @@ def rounding_floor(s, rank, coef, ynorm, rnorm, p):
         z = np.zeros_like(ynorm)
         return z, z
     kappa = s[0] / s[rank - 1]
-    cn = np.sqrt(np.einsum("ij,ij->j", coef, coef))
+    cn = column_norms(coef)
     cn = np.where(cn > 0, cn, 1.0)
     grad = np.sqrt(p) * _EPS * kappa * (4.0 + s[0] * cn / np.where(ynorm > 0, ynorm, 1.0))
     step = np.sqrt(p) * _EPS * kappa * (4.0 + kappa * rnorm / (s[0] * cn))
@@ -48,10 +48,10 @@ def rounding_floor(s, rank, coef, ynorm, rnorm, p):
 
 def _measures(M, s, coef, scale):
     """Relative preconditioned gradient ``||s|| / ||y||`` and relative step ``||M s|| / ||coef||``."""
-    gnorm = np.sqrt(np.einsum("ij,ij->j", s, s)) / scale
+    gnorm = column_norms(s) / scale
     step = M @ s
-    cn = np.sqrt(np.einsum("ij,ij->j", coef, coef))
-    snorm = np.sqrt(np.einsum("ij,ij->j", step, step)) / np.where(cn > 0, cn, 1.0)
+    cn = column_norms(coef)
+    snorm = column_norms(step) / np.where(cn > 0, cn, 1.0)
     return gnorm, snorm
 
 
@@ -109,7 +109,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
     design = Design(X)
     n, p = X.shape
     k = Y.shape[1]
-    ynorm = np.sqrt(np.einsum("ij,ij->j", Y, Y))
+    ynorm = column_norms(Y)
     scale = np.where(ynorm > 0, ynorm, 1.0)
     coef = np.zeros((p, k))
     log.finish = "ihs"

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option
-from rsketch.linalg._common import resolve_sketch, validate_problem
+from rsketch.linalg._common import column_norms, resolve_sketch, validate_problem
 from rsketch.linalg._design import Design
 from rsketch.linalg._ihs import ihs
 from rsketch.linalg._precondition import default_max_iter, refine, sketched_factor, warn_not_converged
@@ -187,5 +187,4 @@ def lstsq(
 
 
 def _residual_norms(design, Y, coef):
-    R = Y - design.matmul(coef)
-    return np.sqrt(np.einsum("ij,ij->j", R, R))
+    return column_norms(Y - design.matmul(coef))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
+from rsketch.linalg._common import column_norms
 from rsketch.linalg._results import ConvergenceWarning
 
 _EPS = np.finfo(np.float64).eps
@@ -170,7 +171,7 @@ def backward_error_estimate(factor, g, rnorm, coef):
     >>> float(backward_error_estimate(f, X.T @ (y - X @ coef), np.array([3.0]), coef)[0])
     0.0
     """
-    cn = np.sqrt(np.einsum("ij,ij->j", coef, coef))
+    cn = column_norms(coef)
     # Every direction of the sketch's SVD, the ones the rank rule dropped included: a solution
     # that ignores a small singular value leaves its component of g, weighted by 1 / sqrt(s^2 + t^2).
     z = factor.Vt @ g
@@ -237,12 +238,13 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log):
     at_floor = np.ones(k, dtype=bool)  # whether the last inner solve stopped at its rounding floor
     kappa_u = max(factor.kappa, 1.0) * _U
     s_min = factor.s[factor.rank - 1] if factor.rank else 0.0
-    ynorm = np.sqrt(np.einsum("ij,ij->j", Y, Y))
+    ynorm = column_norms(Y)
     rnorm = ynorm
     for step in range(MAX_STEPS + 1):
         g, rn2 = design.residual_gradient(Y, coef, accuracy=_accuracy(step, rnorm, ynorm, design.shape[0]))
         rnorm = np.sqrt(rn2)
         c = factor.M.T @ g
+        cn = column_norms(coef)
         todo = np.ones(k, dtype=bool)
         if step > 0:
             est = backward_error_estimate(factor, g, rnorm, coef)
@@ -255,8 +257,7 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log):
             best["coef"][:, better] = coef[:, better]
             best["rnorm"] = np.where(better, rnorm, best["rnorm"])
             # The forward error's estimate: coef - coef_opt = (X.T X)^+ g, about M M.T g.
-            cn = np.sqrt(np.einsum("ij,ij->j", coef, coef))
-            fe = np.sqrt(np.einsum("ij,ij->j", factor.M @ c, factor.M @ c)) / np.where(cn > 0, cn, 1.0)
+            fe = column_norms(factor.M @ c) / np.where(cn > 0, cn, 1.0)
             need_be, need_fe = best["est"] > aim, fe > 2 * _U
             # A step that stopped at the rounding floor leaves a correction for the next (SPIR's
             # second step); otherwise a column goes on while a measure it has not met still falls.
@@ -269,10 +270,10 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log):
         c = c * todo  # finished columns stay as they are
         # From the third step on, a step only polishes the forward error left by the previous one
         # (the backward error is done by then): four digits of it are enough.
-        floor = max(0.1 * kappa_u, POLISH if step >= 2 else 0.0) * np.sqrt(np.einsum("ij,ij->j", c, c))
+        floor = max(0.1 * kappa_u, POLISH if step >= 2 else 0.0) * column_norms(c)
         # Solve until the correction's remaining error, at most ||rho|| / s_min, is a tenth of u ||coef||,
         # or to where rounding stops the inner solve anyway (about kappa u relative to ||c||).
-        enough = 0.1 * _U * s_min * np.sqrt(np.einsum("ij,ij->j", coef, coef))
+        enough = 0.1 * _U * s_min * cn
         at_floor = floor >= enough
         d, used = _cg(design, factor.M, c, np.maximum(floor, enough), max_iter - iterations, log)
         iterations += used

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 import os
 
@@ -355,28 +354,3 @@ def check_real(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
-
-
-# ------------------------------------------------------------------------------------ BLAS threads
-@contextlib.contextmanager
-def one_blas_thread():
-    """Kept for importers: a context that leaves the BLAS thread count exactly as it is.
-
-    It used to limit BLAS to one thread around small dense factorisations (threaded LAPACK on a
-    ``2000 x 100`` matrix is slower on a busy 2-core machine). OpenBLAS's thread count is one
-    setting for the whole process, so a library call that changed it also changed the BLAS calls
-    that other threads were making at the time (their results, and for some shapes their bits).
-    rsketch therefore never changes it; a program that wants one-thread BLAS sets
-    ``OPENBLAS_NUM_THREADS=1`` or uses ``threadpoolctl.threadpool_limits(1, "blas")`` itself
-    (``docs/operators.md``, "Threads").
-
-    Examples
-    --------
-    >>> from threadpoolctl import threadpool_info
-    >>> before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-    >>> with one_blas_thread():
-    ...     inside = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-    >>> inside == before
-    True
-    """
-    yield

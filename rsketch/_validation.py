@@ -172,6 +172,8 @@ def check_option(value, name: str, allowed) -> str:
 SKETCH_KIND_NAMES = ("gaussian", "srht", "srdct", "countsketch", "sparse_sign", "leverage", "uniform")
 # rsketch.lstsq's solvers and rsketch.efficiency's ways of taking the noise expectation.
 LSTSQ_METHODS = ("sketch_and_solve", "precondition", "ihs")
+# How lstsq's refinement solves for a correction (rsketch.linalg._precondition.choose_inner).
+LSTSQ_INNER_SOLVERS = ("auto", "cg", "gram")
 EFFICIENCY_METHODS = ("closed_form", "simulate")
 
 

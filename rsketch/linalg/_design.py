@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import blas
 
 from rsketch.kernels import cpu
 from rsketch.linalg._backward_error import two_sum
@@ -50,6 +51,17 @@ class Design:
             return out, nrm
         T = np.asarray(X @ V)
         return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
+
+    def gram_matrix(self):
+        """``X.T @ X`` (dense ``X``): LAPACK's ``syrk`` over row blocks, read in place."""
+        X = self.X
+        if not self.fused:
+            return np.asarray(X.T @ X)
+        G = np.zeros((X.shape[1], X.shape[1]), order="F")
+        for a in range(0, X.shape[0], _BLOCK_ROWS):
+            # A C-ordered row block is its transpose in Fortran order: syrk reads it without a copy.
+            G = blas.dsyrk(1.0, X[a : a + _BLOCK_ROWS].T, beta=1.0, c=G, trans=0, overwrite_c=1)
+        return np.triu(G) + np.triu(G, 1).T
 
     def residual_gradient(self, Y, B, accuracy="exact"):
         """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``; ``Y`` ``(n, k)``, ``B`` ``(p, k)``.

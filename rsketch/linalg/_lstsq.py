@@ -7,11 +7,17 @@ import time
 
 import numpy as np
 
-from rsketch._validation import LSTSQ_METHODS, check_int, check_option
+from rsketch._validation import LSTSQ_INNER_SOLVERS, LSTSQ_METHODS, check_int, check_option
 from rsketch.linalg._common import column_norms, resolve_sketch, validate_problem
 from rsketch.linalg._design import Design
 from rsketch.linalg._ihs import ihs
-from rsketch.linalg._precondition import default_max_iter, refine, sketched_factor, warn_not_converged
+from rsketch.linalg._precondition import (
+    choose_inner,
+    default_max_iter,
+    refine,
+    sketched_factor,
+    warn_not_converged,
+)
 from rsketch.linalg._results import LstsqResult, SolverLog
 from rsketch.linalg._scaling import scale_columns, scale_design, sketch_design, unscale
 
@@ -31,7 +37,16 @@ def _check_tol(tol, method):
 
 
 def lstsq(
-    X, y, *, sketch="sparse_sign", sketch_size=None, method="precondition", seed=None, tol=None, max_iter=None
+    X,
+    y,
+    *,
+    sketch="sparse_sign",
+    sketch_size=None,
+    method="precondition",
+    seed=None,
+    tol=None,
+    max_iter=None,
+    inner_solver="auto",
 ):
     """Least squares ``min ||X coef - y||`` by sketching.
 
@@ -71,13 +86,23 @@ def lstsq(
     max_iter : int, optional
         Most iterations (passes over ``X``). Default: three times the count the sketch size predicts
         for a ``1e-16`` reduction, plus 10 (precondition, 70 at ``r = 40 p``); 100 for IHS.
+        A Gram solve (``inner_solver="gram"``) counts as one iteration.
+    inner_solver : {"auto", "cg", "gram"}, default "auto"
+        ``"precondition"``: how each refinement step solves for its correction. ``"cg"``: conjugate
+        gradients on the preconditioned normal equations, one pass over ``X`` per iteration.
+        ``"gram"``: ``X.T X`` computed once (``n p^2`` flops), then a Cholesky solve per step, exact
+        up to the Gram's rounding (``u kappa^2``), which the next step corrects; where that rounding
+        stalls a step, CG takes over. ``"auto"`` takes the Gram for dense ``X`` with ``p <= 128``
+        and ``u kappa^2 p <= 1e-3`` (``kappa`` from the sketch), where it costs fewer passes'
+        time than CG's twenty (``docs/solvers.md``). The accuracy contract is the same for all.
 
     Returns
     -------
     LstsqResult
         ``coef``, ``residual_norm``, ``iterations``, ``converged``, ``method``, ``sketch``, ``rank``,
         ``sketch_size`` and ``log`` (timings of sketch, factorisation, presolve, iterations; for
-        ``"precondition"`` the backward-error estimate, ``log.backward_error``). ``converged`` is True
+        ``"precondition"`` the backward-error estimate, ``log.backward_error``, and the inner
+        solver used, ``log.inner``). ``converged`` is True
         for ``"precondition"`` only when that estimate is at most ``tol``.
 
     Raises
@@ -126,6 +151,7 @@ def lstsq(
     """
     t_start = time.perf_counter()
     check_option(method, "method", LSTSQ_METHODS)
+    check_option(inner_solver, "inner_solver", LSTSQ_INNER_SOLVERS)
     X, Y, is_vector = validate_problem(X, y)
     n, p = X.shape
     tol = _check_tol(tol, method)
@@ -159,8 +185,12 @@ def lstsq(
             log.finish = "refine"
             if max_iter is None:
                 max_iter = default_max_iter(p, r)
+            design = Design(X)
+            inner = choose_inner(design, factor, Y.shape[1]) if inner_solver == "auto" else inner_solver
+            if inner == "gram" and design.sparse:
+                raise ValueError("inner_solver='gram' needs a dense X; use 'cg' or 'auto' for sparse X")
             coef, iterations, converged, rnorm, log.backward_error = refine(
-                Design(X), Y, coef, factor, tol=tol, max_iter=max_iter, log=log
+                design, Y, coef, factor, tol=tol, max_iter=max_iter, log=log, inner=inner
             )
             if not converged:
                 worst = float(np.max(log.backward_error))

@@ -37,7 +37,8 @@ class SolverLog:
     gradient_norms : list of float
         Per iteration, the largest over columns of the iteration's error measure: for
         ``"precondition"`` the CG residual ``||M.T X.T X M d - M.T g||`` of the current refinement
-        step, for ``"ihs"`` the relative preconditioned gradient ``||M.T X.T (y - X coef)|| / ||y||``.
+        step (with Gram solves, ``||M.T g||`` of the step), for ``"ihs"`` the relative
+        preconditioned gradient ``||M.T X.T (y - X coef)|| / ||y||``.
     backward_errors : list of float
         ``"precondition"``: after each refinement step, the largest over columns of the
         Karlson-Walden backward-error estimate from the sketch, relative to ``||S X||_F``
@@ -47,6 +48,10 @@ class SolverLog:
         which computes no gradient.
     finish : str
         The finishing iteration used (``"refine"``, ``"ihs"`` or ``"none"``).
+    inner : str
+        ``"precondition"``: how the refinement's corrections were solved: ``"cg"`` (conjugate
+        gradients, a pass over ``X`` per iteration), ``"gram"`` (a Cholesky solve with ``X.T X``,
+        computed once), or ``"gram+cg"`` (Gram solves, then CG once they stopped paying); else ``""``.
 
     Examples
     --------
@@ -64,6 +69,7 @@ class SolverLog:
     backward_errors: list = field(default_factory=list)
     backward_error: object = None
     finish: str = "none"
+    inner: str = ""
 
 
 @dataclass

@@ -146,7 +146,7 @@ def test_preconditioned_condition_number_and_rate(seed, r_factor):
     kappa = np.linalg.cond(Pb.X @ M)
     e = predicted_rate(P, r) + 3 / np.sqrt(r)
     assert kappa <= (1 + e) / (1 - e)
-    res = rsketch.lstsq(Pb.X, Pb.y, sketch=S, tol=1e-15)
+    res = rsketch.lstsq(Pb.X, Pb.y, sketch=S, tol=1e-15, inner_solver="cg")
     h = np.asarray(res.log.gradient_norms)
     rho = (kappa - 1) / (kappa + 1)
     k = 8
@@ -290,7 +290,7 @@ def test_result_fields_and_log():
 def test_non_convergence_warns():
     Pb = make_problem(N, P, cond=1e6, seed=0)
     with pytest.warns(rsketch.ConvergenceWarning, match="converged=False"):
-        res = rsketch.lstsq(Pb.X, Pb.y, seed=0, max_iter=2)
+        res = rsketch.lstsq(Pb.X, Pb.y, seed=0, max_iter=2, inner_solver="cg")
     assert not res.converged and res.iterations == 2
     with pytest.warns(rsketch.ConvergenceWarning):
         res = rsketch.lstsq(Pb.X, Pb.y, seed=0, method="ihs", sketch="srht", max_iter=2)

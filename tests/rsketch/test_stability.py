@@ -65,13 +65,19 @@ def assert_as_stable_as_qr(A, b, coef):
     return be
 
 
+@pytest.mark.parametrize("inner_solver", ["auto", "cg", "gram"])
 @pytest.mark.parametrize("kappa", [1.0, 1e4, 1e8, 1e12, 1e14, 5e14])
 @pytest.mark.parametrize("residual_norm", [1e-15, 1e-8, 1e-2, 1.0])
-def test_family_grid_backward_and_forward_stable(kappa, residual_norm):
+def test_family_grid_backward_and_forward_stable(kappa, residual_norm, inner_solver):
+    # "auto" takes Gram solves up to kappa ~ 1e6 here and CG beyond; "gram" forced on an
+    # ill-conditioned X must notice that the Gram's rounding stalls it and finish by CG.
     A, b, _ = family(1000, 20, kappa, residual_norm, seed=int(np.log10(kappa)) + 3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a stable run warns of nothing
-        res = rsketch.lstsq(A, b, seed=0)
+        res = rsketch.lstsq(A, b, seed=0, inner_solver=inner_solver)
+    expected = {"cg": {"cg"}, "gram": {"gram", "gram+cg", "cg"}}.get(inner_solver)
+    expected = expected or ({"gram"} if U * kappa**2 * 20 <= 1e-4 else {"cg"})
+    assert res.log.inner in expected
     be = assert_as_stable_as_qr(A, b, res.coef)
     assert res.converged and res.log.backward_error <= 10 * U
     # The sketched estimate tracks the true backward error within the embedding's distortion.
@@ -177,3 +183,32 @@ def test_ridge_is_stable_on_its_augmented_problem():
     aug, rhs = np.vstack([A, np.sqrt(alpha) * np.eye(20)]), np.concatenate([b, np.zeros(20)])
     ref = householder(aug, rhs)
     assert backward_error(aug, rhs, model.coef_) <= max(10 * backward_error(aug, rhs, ref), 10 * U)
+
+
+@pytest.mark.parametrize("layout", ["multiple_rhs", "fortran", "float32"])
+def test_gram_solves_are_stable_on_every_dense_layout(layout):
+    # kappa 1e3: u kappa^2 p = 2e-9, so "auto" takes Gram solves; each gains about nine digits.
+    A, b, _ = family(1000, 20, 1e3, 1e-2, k=3 if layout == "multiple_rhs" else None, seed=5)
+    if layout == "float32":
+        A, b = A.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
+        X = A.astype(np.float32)
+    else:
+        X = np.asfortranarray(A) if layout == "fortran" else A
+    res = rsketch.lstsq(X, b, seed=0)
+    assert res.log.inner == "gram" and res.converged
+    assert res.iterations <= 4  # Gram solves, one pass of X each for its gradient
+    assert_as_stable_as_qr(A, b, res.coef)
+
+
+def test_gram_solver_needs_dense_x_and_a_known_name():
+    A, b, _ = family(500, 10, 10.0, 1e-2, seed=6)
+    with pytest.raises(ValueError, match="inner_solver='gram' needs a dense X"):
+        rsketch.lstsq(sp.csr_matrix(A), b, inner_solver="gram")
+    with pytest.raises(ValueError, match="inner_solver must be one of"):
+        rsketch.lstsq(A, b, inner_solver="lsqr")
+    # kappa 1e5: a Gram solve gains about u kappa^2 p = 1e-5, so one from the sketch-and-solve start
+    # cannot reach the stable level.
+    A, b, _ = family(500, 10, 1e5, 1e-2, seed=6)
+    with pytest.warns(rsketch.ConvergenceWarning, match="converged=False"):
+        res = rsketch.lstsq(A, b, seed=0, inner_solver="gram", max_iter=1)
+    assert not res.converged and res.iterations == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 
+import array_api_compat
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
@@ -189,6 +190,10 @@ class SketchOperator:
 
     # ----------------------------------------------------------------------------- products
     def __matmul__(self, A):
+        if array_api_compat.is_dask_array(A):  # lazy, chunk by chunk at each chunk's row offset
+            from rsketch.dask._sketch import sketch_dask
+
+            return sketch_dask(self, A)
         A, is_vector = check_operand(
             A,
             self.input_dim,

@@ -18,7 +18,9 @@ LAYERS = {
     "rsketch._random": 1,
     "rsketch.kernels": 2,
     "rsketch.operators": 3,
+    "rsketch.dask._sketch": 3,  # lazy S @ A, called by SketchOperator.__matmul__
     "rsketch.linalg": 4,
+    "rsketch.dask": 4,  # the rest of the Dask room: inputs, leverage scores, the solvers' passes over chunks
     "rsketch.stats": 5,
     "rsketch.estimators": 6,
     "rsketch": 7,  # the package's __init__: the public API, over the library's layers

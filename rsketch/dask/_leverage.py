@@ -1,0 +1,83 @@
+"""Leverage-score sampling of a Dask array: approximate scores in two passes over the chunks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.linalg
+
+from rsketch._random import derive_key, key_from_seed
+from rsketch.dask._sketch import check_dask_operand
+from rsketch.operators.gaussian import GaussianSketch
+from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, LeverageSampling
+from rsketch.operators.srht import SRHT
+
+
+def approximate_leverage(A, key) -> np.ndarray:
+    """Approximate leverage scores of a Dask ``A``, as ``rsketch.operators.sampling.approximate_leverage``.
+
+    The same algorithm and the same sketches (Drineas, Magdon-Ismail, Mahoney & Woodruff 2012), in
+    two passes over the chunks: ``R`` from the SRHT sketch ``Pi1 A`` (computed chunk by chunk, the
+    small SVD on the client), then the squared row norms of ``A (R^-1 Pi2)``, a ``p x r2`` product per
+    chunk. Memory: the chunks in flight and the ``n`` scores. The scores equal the in-memory ones up
+    to rounding.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da
+    >>> from rsketch.operators.sampling import approximate_leverage as in_memory
+    >>> A = np.random.default_rng(0).standard_normal((1000, 4))
+    >>> s = approximate_leverage(da.from_array(A, chunks=300), (1, 2))
+    >>> bool(np.allclose(s, in_memory(A, (1, 2)), rtol=1e-9))
+    True
+    """
+    n, p = A.shape
+    r1 = min(n, 4 * p + 64)
+    r2 = max(32, math.ceil(4 * math.log(n)))
+    SA = np.asarray((SRHT(n, r1, seed=np.random.SeedSequence(list(derive_key(key, 1)))) @ A).compute())
+    _, s, Vt = scipy.linalg.svd(SA, full_matrices=False, check_finite=False)
+    rank = int(np.sum(s > s[0] * max(SA.shape) * np.finfo(np.float64).eps)) if s[0] > 0 else 0
+    if rank == 0:
+        raise ValueError(
+            "A is zero (rank 0): its leverage scores are undefined; pass scores=... or use uniform sampling"
+        )
+    Omega = (Vt[:rank].T / s[:rank]) @ GaussianSketch(
+        rank, r2, seed=np.random.SeedSequence(list(derive_key(key, 2)))
+    ).to_dense().T
+    B = A.map_blocks(lambda blk: blk @ Omega, chunks=(A.chunks[0], (r2,)), dtype=np.float64)
+    return (B * B).sum(axis=1).compute()
+
+
+def leverage_sampling(A, sketch_size, *, seed=None, dtype=np.float64, uniform_mix=DEFAULT_UNIFORM_MIX):
+    """``LeverageSampling.from_matrix(A, sketch_size, method="approx", ...)`` for a Dask array ``A``.
+
+    The scores come from :func:`approximate_leverage` (two passes over the chunks); ``S @ A`` then
+    reads only the chunks that hold sampled rows. With the same ``seed`` the operator samples as
+    the in-memory ``from_matrix`` does, up to the rounding of the scores.
+
+    Parameters
+    ----------
+    A : dask.array.Array of shape (n, p)
+    sketch_size, seed, dtype, uniform_mix
+        As for :class:`rsketch.LeverageSampling`.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da
+    >>> A = da.from_array(np.random.default_rng(0).standard_normal((2000, 5)), chunks=500)
+    >>> S = leverage_sampling(A, 100, seed=0)
+    >>> (S @ A).compute().shape
+    (100, 5)
+    """
+    A, _ = check_dask_operand(A, None, "A")
+    key = key_from_seed(seed)
+    scores = approximate_leverage(A, key)
+    return LeverageSampling(
+        A.shape[0],
+        sketch_size,
+        scores=scores,
+        seed=np.random.SeedSequence(list(key)),
+        dtype=dtype,
+        uniform_mix=uniform_mix,
+    )

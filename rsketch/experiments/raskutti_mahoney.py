@@ -96,8 +96,13 @@ def _bound_values(b) -> dict:
     return out
 
 
-def run_study(config: StudyConfig = StudyConfig(), *, progress: bool = True) -> list[dict]:
+def run_study(config: StudyConfig = StudyConfig(), *, progress: bool = True, executor=None) -> list[dict]:
     """Run every (design, family, r) point and return one row per point (the CSV's rows).
+
+    ``executor`` (a ``concurrent.futures.Executor`` or a ``dask.distributed.Client``) spreads each
+    point's sketch draws over its workers (:func:`rsketch.efficiency`'s ``executor``): every number
+    but the ``seconds`` column is then bitwise the serial run's (with the caller's BLAS thread count
+    in the workers; see ``docs/dask.md``).
 
     Examples
     --------
@@ -131,6 +136,7 @@ def run_study(config: StudyConfig = StudyConfig(), *, progress: bool = True) -> 
                         y=y,
                         n_sketches=config.n_sketches,
                         seed=int(rng.integers(2**63)),
+                        executor=executor,
                         **fam.options,
                     )
                     elapsed = time.perf_counter() - t0

@@ -22,6 +22,7 @@ Per draw we never form an n x n matrix: with the thin SVD ``S U = Q diag(s) W^T`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -369,6 +370,7 @@ def efficiency(
     beta=None,
     n_noise=200,
     progress=False,
+    executor=None,
     **sketch_options,
 ) -> EfficiencyResult:
     """Worst-case error, prediction efficiency and residual efficiency of sketch-and-solve least squares.
@@ -407,6 +409,12 @@ def efficiency(
         Noise draws per sketch for ``"simulate"``.
     progress : bool, default False
         Show a tqdm progress bar over the draws.
+    executor : None, concurrent.futures.Executor or dask.distributed.Client, optional
+        Spread the draws over it, in contiguous blocks (four per worker). Every draw keeps its own
+        seeds, so the result is bitwise the serial one whatever the number of workers (the workers
+        run the same BLAS build with the same thread count as the caller; see ``docs/dask.md``).
+        A ``Client`` receives ``X``'s basis once (``scatter``); another executor pickles it with
+        each block. A draw lost with its worker is recomputed by Dask; an error in a draw is raised.
     **sketch_options
         Passed to :func:`rsketch.make_sketch` (``transform``, ``nnz_per_column``, ``replace``,
         ``uniform_mix``, ``scores``, ...). For ``"leverage"`` without ``scores`` the exact leverage scores of
@@ -469,21 +477,12 @@ def efficiency(
         options["scores"] = np.einsum("ij,ij->i", svd_x[0], svd_x[0])
     y_parts = _wc_parts(y, svd_x[0])
 
-    def draw(S, noise_seed):
-        if method == "closed_form":
-            pe_i, wc_i, bad = _closed_form_draw(S, svd_x[0], y_parts, buffers)
-            return pe_i, (math.nan if bad else 1.0 + p * (pe_i - 1.0) / (n - p)), wc_i, bad
-        return _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seed)
-
-    buffers = {}  # work arrays reused across draws
+    draw = _Draws(sketch, r, options, method, svd_x, y_parts, X, y, beta, sigma, n_noise)
     seeds = root.spawn(n_sketches)
     noise_seeds = root.spawn(n_sketches)  # the next children: independent of the sketch seeds
-    draws = np.full((n_sketches, 4), math.nan)  # columns: PE, RE, WC, rank-deficient
     bar = tqdm(total=n_sketches, disable=not progress, desc=f"efficiency[{sketch}, r={r}]", leave=False)
     try:
-        for i in range(n_sketches):
-            draws[i] = draw(make_sketch(sketch, n, r, seed=seeds[i], **options), noise_seeds[i])
-            bar.update(1)
+        draws = _run_draws(draw, seeds, noise_seeds, executor, bar)  # columns: PE, RE, WC, rank-deficient
     finally:
         bar.close()
     if method == "simulate":
@@ -501,6 +500,88 @@ def efficiency(
         seed=seed,
         options=shown,
     )
+
+
+@dataclass(frozen=True)
+class _Draws:
+    """What a draw needs besides its seeds: picklable, so executors can run blocks of draws."""
+
+    sketch: str
+    r: int
+    options: dict
+    method: str
+    svd_x: tuple
+    y_parts: tuple | None
+    X: np.ndarray
+    y: np.ndarray | None
+    beta: np.ndarray
+    sigma: float
+    n_noise: int
+
+    def __call__(self, seeds, noise_seeds, buffers=None) -> np.ndarray:
+        """Rows ``(PE, RE, WC, rank-deficient)`` of the draws with these seeds, in order."""
+        buffers = {} if buffers is None else buffers  # work arrays reused across draws
+        n, p = self.X.shape
+        out = np.full((len(seeds), 4), math.nan)
+        for i, (seed, noise_seed) in enumerate(zip(seeds, noise_seeds, strict=True)):
+            S = make_sketch(self.sketch, n, self.r, seed=seed, **self.options)
+            if self.method == "closed_form":
+                pe, wc, bad = _closed_form_draw(S, self.svd_x[0], self.y_parts, buffers)
+                out[i] = pe, (math.nan if bad else 1.0 + p * (pe - 1.0) / (n - p)), wc, bad
+            else:
+                out[i] = _simulate_draw(
+                    S, self.X, self.svd_x, self.y, self.beta, self.sigma, self.n_noise, noise_seed
+                )
+        return out
+
+
+def _executor_workers(executor) -> int:
+    if hasattr(executor, "scheduler_info"):  # a dask.distributed.Client
+        return max(1, len(executor.scheduler_info().get("workers", {})))
+    return max(1, int(getattr(executor, "_max_workers", 4) or 4))
+
+
+def _run_draws(draw, seeds, noise_seeds, executor, bar) -> np.ndarray:
+    """The draws' rows, serially or in blocks on ``executor``; the same numbers either way."""
+    m = len(seeds)
+    if executor is None:
+        buffers, out = {}, np.empty((m, 4))
+        for i in range(m):
+            out[i] = draw(seeds[i : i + 1], noise_seeds[i : i + 1], buffers)[0]
+            bar.update(1)
+        return out
+    if not callable(getattr(executor, "submit", None)):
+        raise TypeError(
+            "executor must be None, a concurrent.futures.Executor or a dask.distributed.Client, got "
+            f"{type(executor).__name__}"
+        )
+    if hasattr(executor, "scatter"):  # a Client: ship X's basis and the options to every worker once
+        draw = executor.scatter(draw, broadcast=True)
+    n_blocks = min(m, 4 * _executor_workers(executor))
+    bounds = [(b * m // n_blocks, (b + 1) * m // n_blocks) for b in range(n_blocks)]
+    futures = [executor.submit(_draw_block, draw, seeds[a:b], noise_seeds[a:b]) for a, b in bounds]
+    out = np.empty((m, 4))
+    for (a, b), future in zip(bounds, futures, strict=True):
+        out[a:b] = future.result()
+        bar.update(b - a)
+    return out
+
+
+def _draw_block(draw, seeds, noise_seeds):
+    # Arrays unpickled from a message may start at any byte (Dask's out-of-band buffers); NumPy then
+    # multiplies them without BLAS, in another order. Fresh copies are allocated as the caller's were.
+    fresh = {
+        f.name: _fresh_arrays(getattr(draw, f.name)) for f in dataclasses.fields(draw) if f.name != "options"
+    }
+    return dataclasses.replace(draw, **fresh)(seeds, noise_seeds)
+
+
+def _fresh_arrays(value):
+    if isinstance(value, np.ndarray):
+        return value.copy(order="K")
+    if isinstance(value, tuple):
+        return tuple(_fresh_arrays(v) for v in value)
+    return value
 
 
 def _check_noise_scale(X, beta, sigma, n_noise) -> None:

@@ -5,16 +5,24 @@ fixture); the tests parametrised by ``scheduler`` run on it and on Dask's thread
 """
 
 import math
+import multiprocessing
+import os
 import pickle
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import dask
 import dask.array as da
 import numpy as np
 import pytest
+import threadpoolctl
 from distributed import Client, LocalCluster
 
 import rsketch
 from rsketch.dask import from_npy, leverage_sampling
+from rsketch.experiments.raskutti_mahoney import StudyConfig, run_study
 from rsketch.operators.sampling import approximate_leverage as in_memory_leverage
 
 KINDS = ["countsketch", "sparse_sign", "gaussian", "srht", "srdct", "uniform"]
@@ -28,7 +36,13 @@ CHUNKINGS = {
 
 @pytest.fixture(scope="session")
 def client():
+    # Dask's nanny gives each worker one BLAS thread; BLAS products (a Gaussian sketch held dense, the
+    # small SVDs) are bitwise only for one thread count, so the workers get this process's.
+    pools = threadpoolctl.threadpool_info()
+    blas = str(pools[0]["num_threads"]) if pools else "1"
+    environ = {name: blas for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     with (
+        dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, memory_limit="1GiB"
         ) as cluster,
@@ -196,3 +210,69 @@ def test_sketch_from_zarr_and_from_npy(tmp_path):
         assert relative_error((S @ X).compute(scheduler="threads"), ref) <= 1e-12
     # The graph carries paths and row ranges, not the data: nothing grows with n.
     assert len(pickle.dumps(dict((S @ Xn).__dask_graph__()))) < A.nbytes / 10
+
+
+# ------------------------------------------------------------------------------------------ Monte Carlo
+def _efficiency_problem(n=3000, p=8):
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((n, p))
+    return X, X @ np.ones(p) + rng.standard_normal(n)
+
+
+def _same_draws(a, b):
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f), equal_nan=True)
+        for f in ("pe_draws", "re_draws", "wc_draws")
+    ) and (a.pe, a.pe_ci, a.re_ci, a.wc_ci) == (b.pe, b.pe_ci, b.re_ci, b.wc_ci)
+
+
+@pytest.mark.parametrize("method", ["closed_form", "simulate"])
+@pytest.mark.parametrize("kind", ["gaussian", "srht", "sparse_sign", "leverage"])
+def test_efficiency_on_the_cluster_is_bitwise_serial(kind, method, client):
+    X, y = _efficiency_problem()
+    kw = dict(sketch=kind, sketch_size=150, y=y, n_sketches=13, seed=3, method=method, n_noise=10)
+    assert _same_draws(rsketch.efficiency(X, executor=client, **kw), rsketch.efficiency(X, **kw))
+
+
+def test_efficiency_on_executors_is_bitwise_serial():
+    X, y = _efficiency_problem()
+    kw = dict(sketch="gaussian", sketch_size=150, y=y, n_sketches=9, seed=4)
+    serial = rsketch.efficiency(X, **kw)
+    with ThreadPoolExecutor(3) as threads:
+        assert _same_draws(rsketch.efficiency(X, executor=threads, **kw), serial)
+    # fork() after numba's OpenMP threads is unsafe: process pools use the spawn context.
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as processes:
+        assert _same_draws(rsketch.efficiency(X, executor=processes, **kw), serial)
+    with pytest.raises(TypeError, match="executor must be"):
+        rsketch.efficiency(X, executor="local", **kw)
+
+
+def test_raskutti_mahoney_study_on_the_cluster_is_bitwise_serial(client):
+    config = StudyConfig(n=200, p=5, sizes=(20, 60), designs=("t3",), n_sketches=6)
+    serial, spread = run_study(config, progress=False), run_study(config, progress=False, executor=client)
+    for a, b in zip(serial, spread, strict=True):
+        a.pop("seconds"), b.pop("seconds")
+        assert a.keys() == b.keys()
+        assert all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)  # NaN equals NaN here
+
+
+def test_killing_a_worker_mid_run_gives_the_serial_result(client):
+    # One worker process is killed while it holds draws: Dask recomputes its blocks elsewhere (or
+    # after the nanny restarts it), and the numbers are still the serial ones.
+    X, y = _efficiency_problem(n=40_000, p=10)
+    kw = dict(sketch="sparse_sign", sketch_size=400, y=y, n_sketches=48, seed=8)
+    serial = rsketch.efficiency(X, **kw)
+    out = {}
+    run = threading.Thread(target=lambda: out.update(result=rsketch.efficiency(X, executor=client, **kw)))
+    run.start()
+    busy, deadline = [], time.monotonic() + 60
+    while not busy and time.monotonic() < deadline:
+        busy = [w for w, keys in client.processing().items() if any("draw_block" in str(k) for k in keys)]
+        time.sleep(0.005)
+    assert busy, "no worker took a block of draws"
+    victim = client.run(os.getpid, workers=busy[:1])[busy[0]]
+    assert run.is_alive()  # the run is in the middle
+    os.kill(victim, signal.SIGKILL)
+    run.join(180)
+    assert not run.is_alive() and _same_draws(out["result"], serial)
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts it for the tests that follow

@@ -6,11 +6,14 @@ this package adds what a Dask user needs besides: memory-mapped ``.npy`` files a
 (:func:`leverage_sampling`). See ``docs/dask.md``.
 """
 
+from rsketch.dask._design import DaskDesign, validate_dask_problem
 from rsketch.dask._io import from_npy
 from rsketch.dask._leverage import approximate_leverage, leverage_sampling
 from rsketch.dask._sketch import SPLIT_EVERY, check_dask_operand, is_dask_array
 
 __all__ = [
+    "DaskDesign",
+    "validate_dask_problem",
     "SPLIT_EVERY",
     "approximate_leverage",
     "check_dask_operand",

@@ -10,6 +10,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from rsketch._validation import LSTSQ_METHODS, check_finite, check_int, check_operand, check_option
+from rsketch.dask._design import DaskDesign, validate_dask_problem
+from rsketch.dask._leverage import leverage_sampling
+from rsketch.dask._sketch import is_dask_array
+from rsketch.linalg._design import Design
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
 # Default sketch size, as a multiple of p (capped at n; never below 2 p).
@@ -44,8 +48,11 @@ def validate_problem(X, y):
     """Check ``X`` (dense or sparse, ``n >= p``) and ``y`` (``(n,)`` or ``(n, k)``); both finite.
 
     Returns float64 ``X`` (dense arrays C-contiguous where they were, sparse as CSR), ``Y`` as a
-    C-contiguous ``(n, k)`` float64 array, and whether ``y`` was a vector.
+    C-contiguous ``(n, k)`` float64 array, and whether ``y`` was a vector. A Dask ``X`` or ``y`` is
+    checked by :func:`rsketch.dask._design.validate_dask_problem` (``X`` stays lazy).
     """
+    if is_dask_array(X) or is_dask_array(y):
+        return validate_dask_problem(X, y)
     if sp.issparse(X):
         if X.ndim != 2:
             raise ValueError(f"X must be 2-D, got shape {X.shape}")
@@ -132,6 +139,8 @@ def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
     p = 100``), and each nonzero costs a scattered add per entry of ``X`` (0.06 s against 0.15 s).
     """
     if kind == "leverage":
+        if is_dask_array(X):  # approximate scores, in two passes over the chunks
+            return leverage_sampling(X, r, seed=seed)
         return make_sketch(kind, n, r, seed=seed, A=X)
     if kind == "sparse_sign" and method == "precondition":
         return make_sketch(kind, n, r, seed=seed, nnz_per_column=min(PRECONDITION_NNZ, r))
@@ -139,12 +148,18 @@ def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
 
 
 def apply_sketch(S, X, name="X"):
-    """``S @ X``; a NaN/inf found by the operator is reported against ``name``."""
+    """``S @ X``; a NaN/inf found by the operator is reported against ``name``. A Dask ``X``'s is computed."""
     try:
-        return S @ X
+        SX = S @ X
+        return SX.compute() if is_dask_array(SX) else SX
     except ValueError:
         check_finite(X, name)
         raise
+
+
+def design_for(X):
+    """The products the iterations use: ``Design``, or ``rsketch.dask.DaskDesign`` for a Dask ``X``."""
+    return DaskDesign(X) if is_dask_array(X) else Design(X)
 
 
 def column_norms(A: np.ndarray) -> np.ndarray:

@@ -16,8 +16,7 @@ import time
 
 import numpy as np
 
-from rsketch.linalg._common import apply_sketch, column_norms
-from rsketch.linalg._design import Design
+from rsketch.linalg._common import apply_sketch, column_norms, design_for
 from rsketch.linalg._precondition import backward_error_estimate, sketched_factor
 from rsketch.operators import LeverageSampling
 
@@ -106,7 +105,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
     -------
     coef, iterations, converged, residual_norms, rank
     """
-    design = Design(X)
+    design = design_for(X)
     n, p = X.shape
     k = Y.shape[1]
     ynorm = column_norms(Y)

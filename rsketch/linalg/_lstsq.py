@@ -8,8 +8,7 @@ import time
 import numpy as np
 
 from rsketch._validation import LSTSQ_INNER_SOLVERS, LSTSQ_METHODS, check_int, check_option
-from rsketch.linalg._common import column_norms, resolve_sketch, validate_problem
-from rsketch.linalg._design import Design
+from rsketch.linalg._common import column_norms, design_for, resolve_sketch, validate_problem
 from rsketch.linalg._ihs import ihs
 from rsketch.linalg._precondition import (
     choose_inner,
@@ -180,12 +179,13 @@ def lstsq(
         log.sketch, log.factor, log.presolve = t1 - t0, t2 - t1, t3 - t2
         if method == "sketch_and_solve":
             iterations, converged = 0, True
-            rnorm = _residual_norms(Design(X), Y, coef)
+            design = design_for(X)
+            rnorm = _residual_norms(design, Y, coef)
         else:
             log.finish = "refine"
             if max_iter is None:
                 max_iter = default_max_iter(p, r)
-            design = Design(X)
+            design = design_for(X)
             inner = choose_inner(design, factor, Y.shape[1]) if inner_solver == "auto" else inner_solver
             if inner == "gram" and design.sparse:
                 raise ValueError("inner_solver='gram' needs a dense X; use 'cg' or 'auto' for sparse X")
@@ -196,6 +196,8 @@ def lstsq(
                 worst = float(np.max(log.backward_error))
                 warn_not_converged(method, iterations, worst, tol, what="backward error estimate")
         log.iterate = time.perf_counter() - t3
+        if hasattr(design, "passes"):  # Dask: the sketch's passes (3 when X was rescaled) and the design's
+            log.passes = (1 if x_shift == 0 else 3) + design.passes
     coef = unscale(coef, x_shift, y_shift)  # exact: powers of two
     rnorm = np.ldexp(rnorm, y_shift)
     log.total = time.perf_counter() - t_start

@@ -52,6 +52,10 @@ class SolverLog:
         ``"precondition"``: how the refinement's corrections were solved: ``"cg"`` (conjugate
         gradients, a pass over ``X`` per iteration), ``"gram"`` (a Cholesky solve with ``X.T X``,
         computed once), or ``"gram+cg"`` (Gram solves, then CG once they stopped paying); else ``""``.
+    passes : int or None
+        Dask ``X`` with ``"precondition"`` or ``"sketch_and_solve"``: the passes over ``X`` (each a
+        map-reduce over its chunks: the sketch, ``X.T X``, gradients, CG iterations, the residual);
+        None otherwise.
 
     Examples
     --------
@@ -70,6 +74,7 @@ class SolverLog:
     backward_error: object = None
     finish: str = "none"
     inner: str = ""
+    passes: int | None = None
 
 
 @dataclass

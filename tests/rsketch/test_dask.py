@@ -276,3 +276,79 @@ def test_killing_a_worker_mid_run_gives_the_serial_result(client):
     run.join(180)
     assert not run.is_alive() and _same_draws(out["result"], serial)
     client.wait_for_workers(2, timeout=60)  # the nanny restarts it for the tests that follow
+
+
+# ------------------------------------------------------------------------------------------ lstsq
+def _conditioned_problem(n, p, kappa, seed=0):
+    rng = np.random.default_rng(seed)
+    U = np.linalg.qr(rng.standard_normal((n, p)))[0]
+    V = np.linalg.qr(rng.standard_normal((p, p)))[0]
+    X = (U * np.logspace(0, -math.log10(kappa), p)) @ V.T
+    return X, X @ rng.standard_normal(p) + 1e-3 * rng.standard_normal(n)
+
+
+@pytest.mark.parametrize("kappa", [1.0, 1e8])
+def test_lstsq_on_dask_meets_the_in_memory_contract(kappa, scheduler):
+    X, y = _conditioned_problem(6000, 8, kappa)
+    Xd = da.from_array(X, chunks=(1100, 5))  # irregular last chunk, column chunks merged
+    with dask.config.set(scheduler=scheduler):
+        res = rsketch.lstsq(Xd, y, seed=2)
+    ref = np.linalg.lstsq(X, y, rcond=None)[0]
+    best = np.linalg.norm(y - X @ ref)
+    assert isinstance(res.coef, np.ndarray) and res.converged
+    assert np.linalg.norm(y - X @ res.coef) <= (1 + 1e-12) * best
+    # Forward error of a backward-stable solver: a few kappa u (Householder QR's is 0.8 - 8 kappa u).
+    assert np.linalg.norm(res.coef - ref) <= 20 * kappa * 2**-53 * np.linalg.norm(ref) + 1e-15
+    steps = len(res.log.backward_errors) + 1  # a gradient pass per refinement step
+    assert res.log.passes >= 1 + steps  # and the sketch's; X.T X or CG iterations besides
+
+
+def test_lstsq_pass_count_and_gradients_match_the_in_memory_design():
+    from rsketch.dask import DaskDesign
+    from rsketch.linalg._design import Design
+
+    X, y = _conditioned_problem(5000, 6, 1e4, seed=1)
+    Y = y[:, None]
+    B = np.linalg.lstsq(X, y, rcond=None)[0][:, None] * (1 + 1e-9)
+    dd, d = DaskDesign(da.from_array(X, chunks=(777, 6))), Design(X)
+    # Near the solution the gradient cancels: errors are measured against ||X||_F ||r||. A careful sum
+    # rounds once per chunk's partial (7 chunks); a plain one once per row.
+    scale = np.linalg.norm(X) * np.linalg.norm(Y - X @ B)
+    for accuracy, roundings in (("fast", X.shape[0]), ("compensated", 7), ("exact", 7)):
+        (g1, n1), (g2, n2) = dd.residual_gradient(Y, B, accuracy), d.residual_gradient(Y, B, accuracy)
+        assert np.linalg.norm(g1 - g2) <= 2 * roundings * 2**-53 * scale
+        np.testing.assert_allclose(n1, n2, rtol=1e-12)
+    np.testing.assert_allclose(dd.gram_matrix(), d.gram_matrix(), rtol=1e-12, atol=1e-12)
+    V = np.ones((6, 2))
+    np.testing.assert_allclose(dd.gram(V)[0], d.gram(V)[0], rtol=1e-12)
+    assert dd.passes == 5
+    res = rsketch.lstsq(da.from_array(X, chunks=1000), y, seed=0, inner_solver="cg")
+    assert res.log.passes == 1 + res.iterations + len(res.log.backward_errors) + 1
+
+
+@pytest.mark.parametrize("method", ["sketch_and_solve", "ihs"])
+def test_lstsq_other_methods_on_dask(method):
+    X, y = _conditioned_problem(4000, 5, 10.0, seed=3)
+    Xd, yd = da.from_array(X, chunks=(900, 5)), da.from_array(y, chunks=1300)  # y chunked differently
+    got, mem = rsketch.lstsq(Xd, yd, method=method, seed=4), rsketch.lstsq(X, y, method=method, seed=4)
+    # The same sketch, summed in another order: the same estimate to rounding.
+    np.testing.assert_allclose(got.coef, mem.coef, rtol=1e-10)
+
+
+def test_lstsq_dask_bad_input():
+    X, y = _conditioned_problem(1000, 4, 10.0)
+    Xd = da.from_array(X, chunks=300)
+    with pytest.raises(ValueError, match=r"compute_chunk_sizes\(\)"):
+        rsketch.lstsq(Xd[Xd[:, 0] > -10], y)
+    with pytest.raises(ValueError, match="sketch has input_dim=999 but X has 1000 rows"):
+        rsketch.lstsq(Xd, y, sketch=rsketch.SparseSign(999, 40, seed=0))
+    bad = X.copy()
+    bad[517, 2] = np.inf
+    with pytest.raises(ValueError, match="X contains NaN or infinite values"):
+        rsketch.lstsq(da.from_array(bad, chunks=300), y)
+    ybad = y.copy()
+    ybad[3] = np.nan
+    with pytest.raises(ValueError, match="y contains NaN or infinite values"):
+        rsketch.lstsq(Xd, da.from_array(ybad, chunks=300))
+    with pytest.raises(ValueError, match="y must have shape"):
+        rsketch.lstsq(Xd, y[:-1])

@@ -1,0 +1,151 @@
+"""The solvers' passes over a Dask ``X``: :class:`DaskDesign`, one map-reduce over row chunks per pass.
+
+:func:`rsketch.lstsq` runs unchanged on Dask input: the problem check keeps ``X`` lazy (``y``, an
+``n x k`` array, is brought to the client), ``S @ X`` is computed chunk by chunk
+(:mod:`rsketch.dask._sketch`), and every later pass (the residual and gradient of a refinement
+step, a CG iteration, ``X.T X``) is a task per row chunk whose small ``p x k`` partial comes back
+to the client, where the partials are added in chunk order: the careful gradients in double-double,
+as :class:`rsketch.linalg._design.Design` adds its row blocks. The ``p``-sized work stays on the
+client. Dask runs the tasks with the scheduler in effect (threads, or a ``distributed.Client``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rsketch._validation import check_finite
+from rsketch.dask._sketch import check_dask_operand, is_dask_array
+from rsketch.kernels import cpu
+from rsketch.linalg._backward_error import two_sum
+
+
+def validate_dask_problem(X, y):
+    """Check a least-squares problem with a Dask ``X`` or ``y``: ``(X, Y, is_vector)``.
+
+    ``X`` stays a lazy float64 Dask array (its column chunks merged into one; no data is read:
+    NaN or inf is found, and reported, while it is computed); ``Y`` is brought to the client as a
+    C-contiguous float64 ``(n, k)`` array and checked. Chunk sizes must be known.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da
+    >>> X, Y, vec = validate_dask_problem(da.ones((100, 3), chunks=(30, 2)), np.ones(100))
+    >>> X.chunks[1], Y.shape, vec
+    ((3,), (100, 1), True)
+    """
+    import dask.array as da
+
+    if not is_dask_array(X):
+        X = da.from_array(np.asarray(X))
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
+    X, _ = check_dask_operand(X, None, "X")
+    n, p = X.shape
+    if n < p:
+        raise ValueError(
+            f"X must have at least as many rows as columns (n >= p) for an overdetermined "
+            f"least-squares problem; got shape {X.shape}"
+        )
+    if is_dask_array(y):
+        check_dask_operand(y, n, "y")
+        y = y.compute()
+    y = np.asarray(y)
+    if y.ndim not in (1, 2) or y.shape[0] != n:
+        raise ValueError(f"y must have shape ({n},) or ({n}, k) to match X of shape {X.shape}; got {y.shape}")
+    if y.dtype.kind not in "iubf":
+        raise TypeError(f"y must be a numeric (real) array; got dtype {y.dtype}")
+    is_vector = y.ndim == 1
+    Y = np.ascontiguousarray(y.reshape(n, -1), dtype=np.float64)
+    check_finite(Y, "y")
+    return X.astype(np.float64).rechunk({1: -1}), Y, is_vector
+
+
+def _gradient_part(Xb, Yb, B, accuracy):
+    Xb = np.ascontiguousarray(Xb, dtype=np.float64)
+    g, nrm = cpu.residual_gradient(Xb, np.ascontiguousarray(Yb), B, cpu.n_chunks(Xb.shape[0]), accuracy)
+    return g, nrm
+
+
+def _gram_part(Xb, V):
+    T = Xb @ V
+    return Xb.T @ T, np.einsum("ij,ij->j", T, T)
+
+
+def _gram_matrix_part(Xb):
+    return Xb.T @ Xb
+
+
+class DaskDesign:
+    """:class:`rsketch.linalg._design.Design`'s products for a Dask ``X``, each one pass over its chunks.
+
+    ``passes`` counts the passes made. ``Y`` arguments are client arrays; each one is sent to the
+    workers once, in ``X``'s row chunks, and kept there while it is in use.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da
+    >>> A = np.random.default_rng(0).standard_normal((1000, 3))
+    >>> d = DaskDesign(da.from_array(A, chunks=(300, 3)))
+    >>> Y, B = np.ones((1000, 1)), np.zeros((3, 1))
+    >>> g, nrm = d.residual_gradient(Y, B, accuracy="exact")
+    >>> bool(np.allclose(g, A.T @ Y)), float(nrm[0]), d.passes
+    (True, 1000.0, 1)
+    """
+
+    sparse = False
+
+    def __init__(self, X):
+        self.X = X
+        self.shape = X.shape
+        self.passes = 0
+        self._y = (None, None)
+
+    def _blocks(self):
+        return self.X.to_delayed().ravel()
+
+    def _y_blocks(self, Y):
+        import dask.array as da
+
+        if self._y[0] is not Y:
+            Yd = da.from_array(Y, chunks=(self.X.chunks[0], (Y.shape[1],))).persist()
+            self._y = (Y, Yd)
+        return self._y[1].to_delayed().ravel()
+
+    def _run(self, func, *per_chunk, args=()):
+        import dask
+
+        task = dask.delayed(func, pure=True)
+        self.passes += 1
+        return dask.compute(*[task(*blocks, *args) for blocks in zip(*per_chunk, strict=True)])
+
+    def matmul(self, B):
+        """``X @ B`` for ``B`` of shape ``(p, k)``, brought to the client."""
+        self.passes += 1
+        return np.asarray((self.X @ B).compute())
+
+    def gram(self, V):
+        """``(X.T @ X @ V, ||X @ V||**2 per column)``; ``V`` of shape ``(p, k)``."""
+        parts = self._run(_gram_part, self._blocks(), args=(np.ascontiguousarray(V),))
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def gram_matrix(self):
+        """``X.T @ X``, summed over the row chunks in order."""
+        G = sum(self._run(_gram_matrix_part, self._blocks()))
+        return (G + G.T) / 2
+
+    def residual_gradient(self, Y, B, accuracy="exact"):
+        """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``, one pass.
+
+        Each chunk runs the one-pass kernel at ``accuracy``; the careful modes add the chunks'
+        partial gradients in double-double (they cancel), as ``Design`` adds its row blocks.
+        """
+        B = np.ascontiguousarray(B, dtype=np.float64)
+        parts = self._run(_gradient_part, self._blocks(), self._y_blocks(Y), args=(B, accuracy))
+        nrm = sum(p[1] for p in parts)
+        if accuracy == "fast":
+            return sum(p[0] for p in parts), nrm
+        hi, lo = np.zeros_like(parts[0][0]), np.zeros_like(parts[0][0])
+        for g, _ in parts:
+            hi, err = two_sum(hi, g)
+            lo += err
+        return hi + lo, nrm

@@ -10,6 +10,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
+from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import default_sketch_size, lstsq
 from rsketch.linalg._precondition import RANK_CUTOFF
 from rsketch.operators import SketchOperator
@@ -39,8 +40,9 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,) or (n_samples, n_targets)
+        X : array-like, sparse matrix or dask.array.Array of shape (n_samples, n_features)
+            A Dask array is fitted in passes over its chunks (``docs/dask.md``).
+        y : array-like or dask.array.Array of shape (n_samples,) or (n_samples, n_targets)
         sample_weight : array-like of shape (n_samples,), optional
             Non-negative weights: row ``i`` counts ``sample_weight[i]`` times (rows are scaled by
             ``sqrt(sample_weight)``).
@@ -51,6 +53,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         """
         self._check_params()
         alpha = self._alpha()
+        if is_dask_array(X) or is_dask_array(y):
+            return self._fit_dask(X, y, sample_weight, alpha)
         X, y = validate_data(
             self,
             X,
@@ -119,15 +123,67 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
+        X : array-like, sparse matrix or dask.array.Array of shape (n_samples, n_features)
 
         Returns
         -------
-        ndarray of shape (n_samples,) or (n_samples, n_targets)
+        ndarray or dask.array.Array of shape (n_samples,) or (n_samples, n_targets)
+            A lazy Dask array for Dask ``X``.
         """
         check_is_fitted(self)
+        if is_dask_array(X):  # lazy, chunk by chunk, as dask-ml's estimators predict
+            X, _ = check_dask_operand(X, None, "X")
+            if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has {X.shape[1] if X.ndim == 2 else 'no'} features, but {type(self).__name__} "
+                    f"is expecting {self.n_features_in_} features as input"
+                )
+            return X.astype(np.float64) @ self.coef_.T + self.intercept_
         X = validate_data(self, X, accept_sparse=("csr", "csc", "coo"), reset=False)
         return np.asarray(X @ self.coef_.T) + self.intercept_
+
+    def _fit_dask(self, X, y, sample_weight, alpha):
+        """``fit`` for a Dask ``X``: centring, weights and the ridge rows stay lazy, fused into each pass."""
+        import dask.array as da
+
+        X, y, is_vector = validate_dask_problem(X, y)
+        if is_vector:
+            y = y[:, 0]
+        n, p = X.shape
+        if is_dask_array(sample_weight):
+            sample_weight = sample_weight.compute()
+        w = _check_sample_weight(sample_weight, y, dtype=np.float64, ensure_non_negative=True)
+        sw = da.from_array(np.sqrt(w), chunks=(X.chunks[0],))[:, None]
+        if self.fit_intercept:  # one pass for the weighted column means
+            wsum = w.sum()
+            x_mean = (
+                (da.from_array(w, chunks=(X.chunks[0],)) @ X).compute() / wsum if wsum > 0 else np.zeros(p)
+            )
+            y_mean = (w @ y) / wsum if wsum > 0 else np.zeros(y.shape[1:])
+            A = (X - x_mean) * sw
+        else:
+            x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
+            A = X * sw
+        b = (y - y_mean) * (np.sqrt(w)[:, None] if y.ndim == 2 else np.sqrt(w))
+        if alpha > 0:
+            A = da.concatenate([A, da.from_array(np.sqrt(alpha) * np.eye(p), chunks=(p, p))], axis=0)
+            b = np.concatenate([b, np.zeros((p,) + b.shape[1:])])
+        r = (
+            self.sketch_size
+            if self.sketch_size is not None
+            else default_sketch_size(self.method, A.shape[0], p)
+        )
+        if r >= n:  # tiny data: solved directly, as in memory
+            coef = np.linalg.lstsq(A.compute(), b, rcond=RANK_CUTOFF * np.finfo(np.float64).eps / 2)[0]
+            self.n_iter_, self.solver_ = 0, "direct"
+        else:
+            res = lstsq(A, b, sketch=self.sketch, sketch_size=r, method=self.method, seed=self.random_state)
+            coef, self.n_iter_, self.solver_ = res.coef, int(res.iterations), self.method
+        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        self.n_features_in_ = p
+        self.coef_ = coef.T if coef.ndim == 2 else coef
+        self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
+        return self
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -17,6 +17,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+import sklearn.base as sklearn_base
 import threadpoolctl
 from distributed import Client, LocalCluster
 
@@ -352,3 +353,25 @@ def test_lstsq_dask_bad_input():
         rsketch.lstsq(Xd, da.from_array(ybad, chunks=300))
     with pytest.raises(ValueError, match="y must have shape"):
         rsketch.lstsq(Xd, y[:-1])
+
+
+# ------------------------------------------------------------------------------------------ estimators
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("name", ["SketchedLinearRegression", "SketchedRidge"])
+def test_estimators_fit_and_predict_dask_arrays(name, fit_intercept, scheduler):
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((4000, 5))
+    y = X @ np.arange(5.0) + 2.0 + 0.1 * rng.standard_normal(4000)
+    w = rng.uniform(0.5, 2.0, 4000)
+    model = getattr(rsketch, name)(random_state=0, fit_intercept=fit_intercept)
+    ref = sklearn_base.clone(model).fit(X, y, sample_weight=w)
+    with dask.config.set(scheduler=scheduler):
+        model.fit(da.from_array(X, chunks=(900, 3)), da.from_array(y, chunks=1000), sample_weight=w)
+        pred = model.predict(da.from_array(X, chunks=1000))
+        assert isinstance(pred, da.Array) and pred.shape == (4000,)
+        np.testing.assert_allclose(pred.compute(), ref.predict(X), rtol=1e-10, atol=1e-10)
+    assert model.n_features_in_ == 5 and model.solver_ == "precondition"
+    np.testing.assert_allclose(model.coef_, ref.coef_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(model.intercept_, ref.intercept_, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="expecting 5 features"):
+        model.predict(da.ones((10, 4), chunks=5))

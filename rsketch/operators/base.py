@@ -213,6 +213,10 @@ class SketchOperator:
                 out = self._apply_sparse(A)
             elif isinstance(A, np.ndarray):
                 out = self._apply_numpy(A)
+            elif array_api_compat.is_cupy_array(A):  # on the GPU: the CUDA kernels
+                from rsketch.kernels.cuda import sketch_apply
+
+                out = sketch_apply(self, A)
             else:
                 out = self.reference_apply(A)
         xo = array_namespace(out)

@@ -1,0 +1,75 @@
+"""CUDA kernels (numba-cuda), the GPU twins of :mod:`rsketch.kernels.cpu`, and ``S @ A`` on the device.
+
+``SketchOperator.__matmul__`` sends a CuPy array here: :func:`sketch_apply` checks that the GPU
+stack is present (:func:`require_gpu`) and runs the operator's kernels (:mod:`.apply`,
+:mod:`.kernels`). The kernels are written with ``numba.cuda.jit`` so that numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) runs them on NumPy arrays on a CPU: that is how the test suite checks
+each one against its CPU twin on machines without a GPU. The kernel modules are imported only when
+a device product is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_INSTALL = "install the GPU extra: pip install 'rsketch[gpu]' (CuPy and numba-cuda)"
+
+
+def require_gpu():
+    """Check that CuPy, numba-cuda and a CUDA device are all present.
+
+    Raises
+    ------
+    ImportError
+        When CuPy or numba-cuda is not installed (the message says to install ``rsketch[gpu]``).
+    RuntimeError
+        When they are installed but no CUDA device (or driver) is available.
+
+    Examples
+    --------
+    >>> import sys
+    >>> saved, sys.modules["cupy"] = sys.modules.get("cupy"), None  # as if CuPy were not installed
+    >>> try:
+    ...     require_gpu()
+    ... except ImportError as exc:
+    ...     print(exc)
+    CuPy is not installed; install the GPU extra: pip install 'rsketch[gpu]' (CuPy and numba-cuda)
+    >>> if saved is None: del sys.modules["cupy"]
+    ... else: sys.modules["cupy"] = saved
+    """
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError as exc:
+        raise ImportError(f"CuPy is not installed; {_INSTALL}") from exc
+    try:
+        numba_cuda = importlib.import_module("numba.cuda")
+    except ImportError as exc:
+        raise ImportError(f"numba-cuda is not installed; {_INSTALL}") from exc
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # CuPy raises its own CUDARuntimeError without a driver
+        raise RuntimeError(
+            f"no CUDA device is available to CuPy ({exc}); run on a machine with an NVIDIA GPU and its "
+            "driver, or pass NumPy arrays to compute on the CPU"
+        ) from exc
+    if count == 0 or not numba_cuda.is_available():
+        raise RuntimeError(
+            "no CUDA device is available (CuPy sees "
+            f"{count} device(s), numba.cuda.is_available() is {numba_cuda.is_available()}); run on a "
+            "machine with an NVIDIA GPU and its driver, or pass NumPy arrays to compute on the CPU"
+        )
+
+
+def sketch_apply(S, A):
+    """``S @ A`` for a checked 2-D CuPy array ``A``, computed on the device (a CuPy array of A's dtype).
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.CountSketch(100, 10, seed=0)
+    >>> S @ np.ones((100, 2)) is not None  # NumPy input never comes here; CuPy input does
+    True
+    """
+    require_gpu()
+    apply = importlib.import_module("rsketch.kernels.cuda.apply")
+    return apply.sketch_apply(S, A)

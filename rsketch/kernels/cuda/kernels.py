@@ -1,0 +1,310 @@
+"""CUDA kernels (numba-cuda) and their launchers: the GPU twins of :mod:`rsketch.kernels.cpu`.
+
+Every kernel takes arrays through the CUDA array interface: CuPy arrays on a GPU, NumPy arrays in
+numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), where the tests run each one against its CPU
+twin. Launchers allocate their work arrays in the namespace of their input (``array_module``) and
+never validate: :func:`rsketch.kernels.cuda.sketch_apply` does. Every kernel is a grid-stride loop,
+so its result does not depend on the launch configuration.
+
+What is bitwise the CPU's: Philox words, hash buckets and signs, sampled indices, the FWHT, and every
+product whose terms are exact (signs times entries) summed in the CPU's order. Gaussian entries are
+the same ziggurat attempts; ``exp``/``log`` come from libdevice here and from the C library there,
+and NVVM may fuse a multiply-add the CPU rounds twice, so the rare wedge and tail values may differ in
+the last bits (the tests allow 2 ulp).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+from numba.core import config
+
+from rsketch.kernels.cuda._device import bounded_exact, sign_of_lane, sparse_entry, words, zig_attempt
+
+# Threads per block: a warp multiple on a GPU; small in the simulator, which runs each thread as a
+# Python thread.
+_THREADS = 32 if config.ENABLE_CUDASIM else 256
+_MAX_BLOCKS = 8 if config.ENABLE_CUDASIM else 65535
+
+
+def array_module(a):
+    """``cupy`` for a CuPy array, ``numpy`` otherwise (the simulator's arrays)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _grid(n_items):
+    return max(1, min(_MAX_BLOCKS, -(-n_items // _THREADS))), _THREADS
+
+
+# ------------------------------------------------------------------------------------- Philox
+@cuda.jit
+def _philox_words_kernel(k0, k1, start, n_blocks, stream, out):
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    e = cuda.grid(1)
+    total = out.shape[0] * n_blocks
+    while e < total:
+        i = e // n_blocks
+        b = e % n_blocks
+        w0, w1, w2, w3 = words(key0, key1, start + i, b, stream)
+        out[i, b, 0] = w0
+        out[i, b, 1] = w1
+        out[i, b, 2] = w2
+        out[i, b, 3] = w3
+        e += cuda.gridsize(1)
+
+
+def philox_words(k0, k1, start, count, n_blocks, stream, xp=np):
+    """Words ``out[i, b, :]`` of counter ``(start + i, block b, stream)``: shape (count, n_blocks, 4), uint32."""
+    out = xp.empty((count, n_blocks, 4), dtype=np.uint32)
+    _philox_words_kernel[_grid(count * n_blocks)](k0, k1, start, n_blocks, stream, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------- Gaussian
+@cuda.jit
+def _gaussian_columns_kernel(k0, k1, start, r, stream, out, X):
+    # One thread per column: its first r accepted attempts, two attempts per Philox call, in the
+    # order of kernels.cpu._zig_fill (attempt a reads words 2 (a % 2), 2 (a % 2) + 1 of counter a // 2).
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    jj = cuda.grid(1)
+    while jj < out.shape[0]:
+        j = start + jj
+        pos = 0
+        q = 0
+        while pos < r:
+            w0, w1, w2, w3 = words(key0, key1, j, q, stream)
+            ok, z = zig_attempt(w0, w1, key0, key1, j, 2 * q, X)
+            if ok:
+                out[jj, pos] = z
+                pos += 1
+            if pos < r:
+                ok, z = zig_attempt(w2, w3, key0, key1, j, 2 * q + 1, X)
+                if ok:
+                    out[jj, pos] = z
+                    pos += 1
+            q += 1
+        jj += cuda.gridsize(1)
+
+
+def gaussian_columns(k0, k1, start, stop, r, stream, out, X):
+    """Standard normals of columns ``start:stop`` (``r`` each) into ``out[j - start, i]`` (as the CPU kernel).
+
+    ``X`` is ``rsketch._random.ZIG_X`` in ``out``'s namespace; ``out`` is (stop - start, r) float64.
+    """
+    _gaussian_columns_kernel[_grid(stop - start)](k0, k1, start, r, stream, out, X)
+
+
+# ------------------------------------------------------------------------------------- sparse sign
+@cuda.jit
+def _sparse_pattern_kernel(k0, k1, start, s, r, stream, rows, signs):
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    e = cuda.grid(1)
+    while e < rows.shape[0]:
+        row, sign = sparse_entry(key0, key1, start + e // s, e % s, s, r, stream)
+        rows[e] = row
+        signs[e] = sign
+        e += cuda.gridsize(1)
+
+
+def sparse_pattern(k0, k1, start, stop, s, r, stream, xp=np):
+    """Rows (int64) and signs (+-1.0) of columns ``start:stop``: arrays of shape (stop - start, s)."""
+    m = stop - start
+    rows = xp.empty(m * s, dtype=np.int64)
+    signs = xp.empty(m * s, dtype=np.float64)
+    _sparse_pattern_kernel[_grid(m * s)](k0, k1, start, s, r, stream, rows, signs)
+    return rows.reshape(m, s), signs.reshape(m, s)
+
+
+def _make_bucket_sum(ftype):
+    @cuda.jit
+    def bucket_sum(s, order, starts, signs, A, j0, acc):
+        # Thread (i, c) adds, in ascending j, sign * A[j, c] for every nonzero of bucket i: the
+        # order of the CPU's scatter-add, without atomics (so the same bits on every run).
+        k = acc.shape[1]
+        e = cuda.grid(1)
+        while e < acc.shape[0] * k:
+            i = e // k
+            c = e % k
+            total = acc[i, c]
+            for p in range(starts[i], starts[i + 1]):
+                f = order[p]
+                total += ftype(signs[f]) * A[j0 + f // s, c]
+            acc[i, c] = total
+            e += cuda.gridsize(1)
+
+    return bucket_sum
+
+
+_bucket_sum = {np.dtype(np.float32): _make_bucket_sum(np.float32), np.dtype(np.float64): _make_bucket_sum(np.float64)}
+
+# Rows of A hashed per pass of sparse_apply_dense: the pattern, sort keys and order of one pass
+# take about 40 bytes per nonzero.
+_SPARSE_PASS_NONZEROS = 1 << 24
+
+
+def bucket_order(rows, r, xp):
+    """Nonzeros sorted by bucket, ascending nonzero number within a bucket; and each bucket's start.
+
+    The sort keys ``row * m + f`` are distinct, so any sort gives this order (no reliance on a
+    stable sort).
+    """
+    m = rows.shape[0]
+    f = xp.arange(m, dtype=np.int64)
+    if r * m < 2**63:
+        order = xp.argsort(rows * m + f)
+    else:  # pragma: no cover - beyond 2**63 nonzeros x buckets
+        order = xp.lexsort(xp.stack([f, rows]))
+    starts = xp.searchsorted(rows[order], xp.arange(r + 1, dtype=np.int64))
+    return order, starts
+
+
+def sparse_apply_dense(k0, k1, s, r, stream, A, acc):
+    """``acc += unscaled S @ A`` for a dense (n, k) ``A`` (any memory order); ``acc`` is (r, k) of A's dtype.
+
+    Rows of ``A`` are taken in passes; each pass hashes its rows on the device, sorts its nonzeros by
+    bucket, and adds each bucket's terms in ascending row order into ``acc``. The sum of every entry
+    is therefore one chain over ascending ``j``: the CPU kernel's chain when it uses one chunk.
+    """
+    xp = array_module(A)
+    n, k = A.shape
+    kernel = _bucket_sum[np.dtype(A.dtype)]
+    step = max(1, _SPARSE_PASS_NONZEROS // s)
+    for j0 in range(0, n, step):
+        m = min(n, j0 + step) - j0
+        rows, signs = sparse_pattern(k0, k1, j0, j0 + m, s, r, stream, xp)
+        order, starts = bucket_order(rows.reshape(-1), r, xp)
+        kernel[_grid(r * k)](s, order, starts, signs.reshape(-1), A, j0, acc)
+
+
+# ------------------------------------------------------------------------------------- FWHT / SRHT
+@cuda.jit
+def _fwht_level_kernel(X, h):
+    # One radix-2 level: pairs (i, i + h) of every row; the CPU's radix-4 pass is two of these,
+    # rounded identically.
+    half = X.shape[1] // 2
+    e = cuda.grid(1)
+    while e < X.shape[0] * half:
+        c = e // half
+        p = e % half
+        i = (p // h) * 2 * h + p % h
+        a = X[c, i]
+        b = X[c, i + h]
+        X[c, i] = a + b
+        X[c, i + h] = a - b
+        e += cuda.gridsize(1)
+
+
+def fwht_columns(X):
+    """In-place unnormalised FWHT of every row of ``X`` (shape (k, N), N a power of two), as the CPU kernel."""
+    h = 1
+    while h < X.shape[1]:
+        _fwht_level_kernel[_grid(X.shape[0] * X.shape[1] // 2)](X, h)
+        h *= 2
+
+
+@cuda.jit
+def _signed_transpose_kernel(k0, k1, stream, A, c0, buf):
+    # buf[c, j] = D[j] A[j, c0 + c] for j < n, zero padding above.
+    n = A.shape[0]
+    n_pad = buf.shape[1]
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    e = cuda.grid(1)
+    while e < buf.shape[0] * n_pad:
+        c = e // n_pad
+        j = e % n_pad
+        if j < n:
+            buf[c, j] = sign_of_lane(key0, key1, j, stream) * A[j, c0 + c]
+        else:
+            buf[c, j] = 0.0
+        e += cuda.gridsize(1)
+
+
+@cuda.jit
+def _gather_rows_t_kernel(buf, rows, scale, c0, out):
+    # out[i, c0 + c] = scale * buf[c, rows[i]]
+    g = buf.shape[0]
+    e = cuda.grid(1)
+    while e < rows.shape[0] * g:
+        i = e // g
+        c = e % g
+        out[i, c0 + c] = np.float64(scale) * np.float64(buf[c, rows[i]])  # as the CPU: a float64 product
+        e += cuda.gridsize(1)
+
+
+# Values of the transform buffer per group of columns (2 GiB in float64).
+_SRHT_BUFFER = 1 << 28
+
+
+def srht_apply(k0, k1, stream, n_pad, rows, scale, A, out):
+    """``out = scale * (H D A_pad)[rows]`` (as the CPU kernel): signs, FWHT and gather on the device.
+
+    Columns are transformed in groups whose ``(group, n_pad)`` buffer stays below 2 GiB.
+    """
+    xp = array_module(A)
+    k = A.shape[1]
+    group = max(1, min(k, _SRHT_BUFFER // n_pad))
+    for c0 in range(0, k, group):
+        g = min(group, k - c0)
+        buf = xp.empty((g, n_pad), dtype=A.dtype)
+        _signed_transpose_kernel[_grid(g * n_pad)](k0, k1, stream, A, c0, buf)
+        fwht_columns(buf)
+        _gather_rows_t_kernel[_grid(rows.shape[0] * g)](buf, rows, scale, c0, out)
+
+
+@cuda.jit
+def _signs_kernel(k0, k1, start, stream, out):
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    e = cuda.grid(1)
+    while e < out.shape[0]:
+        out[e] = sign_of_lane(key0, key1, start + e, stream)
+        e += cuda.gridsize(1)
+
+
+def lane_signs(k0, k1, start, stop, stream, xp=np):
+    """The diagonal signs ``D[start:stop]`` (float64 +-1) of SRHT/SRDCT."""
+    out = xp.empty(stop - start, dtype=np.float64)
+    _signs_kernel[_grid(stop - start)](k0, k1, start, stream, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------- sampling
+@cuda.jit
+def _uniform_indices_kernel(k0, k1, bound, stream, out):
+    key0 = np.uint64(k0)
+    key1 = np.uint64(k1)
+    i = cuda.grid(1)
+    while i < out.shape[0]:
+        out[i] = bounded_exact(key0, key1, i, bound, stream)
+        i += cuda.gridsize(1)
+
+
+def uniform_indices(k0, k1, count, bound, stream, xp=np):
+    """``count`` independent, exactly uniform integers in ``[0, bound)`` (int64), as the CPU kernel."""
+    out = xp.empty(count, dtype=np.int64)
+    _uniform_indices_kernel[_grid(count)](k0, k1, bound, stream, out)
+    return out
+
+
+@cuda.jit
+def _gather_kernel(A, idx, scales, out):
+    k = out.shape[1]
+    e = cuda.grid(1)
+    while e < out.shape[0] * k:
+        i = e // k
+        c = e % k
+        out[i, c] = A[idx[i], c] * scales[i]
+        e += cuda.gridsize(1)
+
+
+def gather_rows(A, idx, scales, out):
+    """``out[i] = A[idx[i]] * scales[i]`` (``scales`` in A's dtype): the sampling sketches' product."""
+    _gather_kernel[_grid(out.size)](A, idx, scales, out)

@@ -11,6 +11,7 @@ import pickle
 import signal
 import threading
 import time
+import tracemalloc
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import dask
@@ -375,3 +376,43 @@ def test_estimators_fit_and_predict_dask_arrays(name, fit_intercept, scheduler):
     np.testing.assert_allclose(model.intercept_, ref.intercept_, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="expecting 5 features"):
         model.predict(da.ones((10, 4), chunks=5))
+
+
+def test_out_of_core_lstsq_from_npy_holds_a_few_chunks(tmp_path):
+    # X (64 MB) is written in slices to a .npy file and solved from memory-mapped chunks of 1.6 MB:
+    # the client's peak allocation is bounded by a few chunks and the client's copies of y, not by X.
+    n, p, rows = 400_000, 20, 10_000
+    path = tmp_path / "X.npy"
+    X = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, p))
+    rng = np.random.default_rng(0)
+    for a in range(0, n, 50_000):
+        X[a : a + 50_000] = rng.standard_normal((50_000, p))
+    y = np.asarray(X @ np.ones(p)) + 0.01 * rng.standard_normal(n)
+    X.flush()
+    del X
+    Xd = from_npy(path, chunk_rows=rows)
+    rsketch.lstsq(Xd[: 2 * rows], y[: 2 * rows], seed=0)  # compile and load the kernels first
+    with dask.config.set(scheduler="threads"):
+        tracemalloc.start()
+        try:
+            res = rsketch.lstsq(Xd, y, seed=0)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak <= 4 * y.nbytes + 8 * rows * p * 8 < n * p * 8 / 2
+    Xm = np.load(path, mmap_mode="r")
+    ref = np.linalg.lstsq(np.asarray(Xm), y, rcond=None)[0]
+    assert res.converged and np.linalg.norm(res.coef - ref) <= 1e-13 * np.linalg.norm(ref)
+
+
+def test_lstsq_from_zarr(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    X, y = _conditioned_problem(20_000, 6, 1e3, seed=7)
+    store = zarr.open_array(str(tmp_path / "X.zarr"), mode="w", shape=X.shape, chunks=(3000, 6), dtype="f8")
+    store[:] = X
+    da.from_array(y, chunks=5000).to_zarr(str(tmp_path / "y.zarr"))
+    res = rsketch.lstsq(
+        da.from_zarr(str(tmp_path / "X.zarr")), da.from_zarr(str(tmp_path / "y.zarr")), seed=1
+    )
+    ref = np.linalg.lstsq(X, y, rcond=None)[0]
+    assert res.converged and np.linalg.norm(res.coef - ref) <= 20 * 1e3 * 2**-53 * np.linalg.norm(ref)

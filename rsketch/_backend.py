@@ -26,3 +26,43 @@ def is_numpy_namespace(xp) -> bool:
 def numpy_namespace():
     """The NumPy namespace as the rest of the package sees it."""
     return array_api_compat.array_namespace(np.empty(0))
+
+
+def array_library(a) -> str:
+    """The library holding ``a``'s data: ``"cupy"`` (device arrays, ``cupyx`` sparse matrices included),
+    ``"dask"``, or ``"numpy"`` (NumPy arrays, SciPy sparse matrices, lists, scalars).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> array_library(np.ones(3)), array_library([1.0, 2.0])
+    ('numpy', 'numpy')
+    """
+    top = type(a).__module__.split(".")[0]
+    if top in ("cupy", "cupyx"):
+        return "cupy"
+    if top == "dask":
+        return "dask"
+    return "numpy"
+
+
+def check_same_library(**arrays) -> str:
+    """The one library (see :func:`array_library`) of the named arrays; ``TypeError`` naming both when CuPy
+    (device) and NumPy (host) arrays are mixed in one call. ``None`` values are skipped.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_same_library(X=np.ones((3, 2)), y=np.ones(3))
+    'numpy'
+    """
+    libs = {name: array_library(a) for name, a in arrays.items() if a is not None}
+    device = [name for name, lib in libs.items() if lib == "cupy"]
+    host = [name for name, lib in libs.items() if lib == "numpy"]
+    if device and host:
+        raise TypeError(
+            f"{device[0]} is a CuPy (GPU) array but {host[0]} is a NumPy (host) array; pass both on the "
+            f"same device: cupy.asarray({host[0]}) to compute on the GPU, or cupy.asnumpy({device[0]}) to "
+            "compute on the CPU"
+        )
+    return next(iter(libs.values()), "numpy")

@@ -88,7 +88,7 @@ def bounded_exact(k0, k1, index, bound, stream):
 
 @cuda.jit(device=True)
 def sparse_entry(k0, k1, j, t, s, r, stream):
-    """Row and sign of nonzero ``t`` of column ``j`` of a sparse sign sketch (``kernels.cpu._sparse_entry``)."""
+    """Row and sign of nonzero ``t`` of column ``j`` of a sparse sign sketch (``cpu._sparse_entry``)."""
     w0, w1, w2, w3 = words(k0, k1, j, t // 2, stream)
     if t % 2 == 0:
         wr = w0
@@ -105,7 +105,7 @@ def sparse_entry(k0, k1, j, t, s, r, stream):
 
 @cuda.jit(device=True)
 def sign_of_lane(k0, k1, j, stream):
-    """+-1.0 from bit 0 of lane ``j % 4`` of counter ``(j // 4, 0, stream)`` (``rsketch._random.lane_words``)."""
+    """+-1.0 from bit 0 of lane ``j % 4`` of counter ``(j // 4, 0, stream)`` (``_random.lane_words``)."""
     w0, w1, w2, w3 = words(k0, k1, j // 4, 0, stream)
     lane = j % 4
     w = w0

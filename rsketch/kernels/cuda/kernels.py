@@ -59,7 +59,7 @@ def _philox_words_kernel(k0, k1, start, n_blocks, stream, out):
 
 
 def philox_words(k0, k1, start, count, n_blocks, stream, xp=np):
-    """Words ``out[i, b, :]`` of counter ``(start + i, block b, stream)``: shape (count, n_blocks, 4), uint32."""
+    """Words ``out[i, b, :]`` of counter ``(start + i, block b, stream)``: (count, n_blocks, 4) uint32."""
     out = xp.empty((count, n_blocks, 4), dtype=np.uint32)
     _philox_words_kernel[_grid(count * n_blocks)](k0, k1, start, n_blocks, stream, out)
     return out
@@ -142,7 +142,10 @@ def _make_bucket_sum(ftype):
     return bucket_sum
 
 
-_bucket_sum = {np.dtype(np.float32): _make_bucket_sum(np.float32), np.dtype(np.float64): _make_bucket_sum(np.float64)}
+_bucket_sum = {
+    np.dtype(np.float32): _make_bucket_sum(np.float32),
+    np.dtype(np.float64): _make_bucket_sum(np.float64),
+}
 
 # Rows of A hashed per pass of sparse_apply_dense: the pattern, sort keys and order of one pass
 # take about 40 bytes per nonzero.
@@ -202,7 +205,7 @@ def _fwht_level_kernel(X, h):
 
 
 def fwht_columns(X):
-    """In-place unnormalised FWHT of every row of ``X`` (shape (k, N), N a power of two), as the CPU kernel."""
+    """In-place unnormalised FWHT of every row of ``X`` ((k, N), N a power of two), as the CPU kernel."""
     h = 1
     while h < X.shape[1]:
         _fwht_level_kernel[_grid(X.shape[0] * X.shape[1] // 2)](X, h)

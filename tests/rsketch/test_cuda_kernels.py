@@ -1,0 +1,342 @@
+"""The CUDA kernels (rsketch/kernels/cuda) against their CPU twins, run in numba's CUDA simulator.
+
+The simulator must be chosen before numba is first imported (``NUMBA_ENABLE_CUDASIM=1``), so this
+file runs itself in a subprocess (``python test_cuda_kernels.py OUTDIR``): :func:`simulate` runs every
+kernel there on NumPy arrays at small sizes and saves the results; the tests compare them, in this
+process, with the CPU kernels (whose numba stays the compiled CPU target). Buckets, signs, indices,
+Philox words, the FWHT and every product of exact terms must be bitwise equal; Gaussian entries within
+2 ulp; Gaussian and DCT products within 1e-12 relative (1e-5 in float32).
+
+A second subprocess (without the simulator) compiles every kernel to PTX for sm_80 through NVVM, the
+check that the kernels also type and compile for a real GPU; it needs libnvvm and libnvrtc
+(``pip install "numba-cuda[cu13]"``) and is skipped, saying so, where they are missing.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import rsketch
+from rsketch._backend import array_library, check_same_library
+from rsketch._random import (
+    STREAM_GAUSS,
+    STREAM_ROW,
+    STREAM_SAMPLE,
+    STREAM_SIGN,
+    ZIG_RATIO,
+    ZIG_X,
+    ziggurat_u,
+)
+from rsketch.kernels import cpu
+from rsketch.operators.sparse import sparse_chunks
+
+HERE = pathlib.Path(__file__).resolve()
+KEY = (0x12345678, 0x9ABCDEF0)
+
+# (name, operator factory, n, k, dtype, memory order); n < 16384 keeps the CPU sparse kernel on one
+# chunk, whose chain of sums is the device's (checked in test_sparse_products_are_bitwise).
+OPERATOR_CASES = [
+    ("countsketch", lambda n: rsketch.CountSketch(n, 11, seed=1), 200, 3, "float64", "C"),
+    ("countsketch_f32_fortran", lambda n: rsketch.CountSketch(n, 11, seed=1), 200, 3, "float32", "F"),
+    ("sparse_sign", lambda n: rsketch.SparseSign(n, 12, seed=2, nnz_per_column=3), 150, 4, "float64", "C"),
+    (
+        "sparse_sign_f32",
+        lambda n: rsketch.SparseSign(n, 12, seed=2, nnz_per_column=4),
+        150,
+        2,
+        "float32",
+        "C",
+    ),
+    ("srht", lambda n: rsketch.SRHT(n, 9, seed=3), 100, 3, "float64", "C"),
+    ("srht_f32_fortran", lambda n: rsketch.SRHT(n, 9, seed=3), 100, 3, "float32", "F"),
+    ("srdct", lambda n: rsketch.SRDCT(n, 9, seed=4), 90, 3, "float64", "C"),
+    ("srdct_f32", lambda n: rsketch.SRDCT(n, 9, seed=4), 90, 3, "float32", "C"),
+    ("uniform", lambda n: rsketch.UniformSampling(n, 20, seed=5), 120, 3, "float64", "C"),
+    (
+        "uniform_noreplace_f32",
+        lambda n: rsketch.UniformSampling(n, 20, seed=5, replace=False),
+        120,
+        3,
+        "float32",
+        "C",
+    ),
+    (
+        "leverage",
+        lambda n: rsketch.LeverageSampling(n, 15, seed=6, scores=np.linspace(0.1, 2.0, n)),
+        80,
+        2,
+        "float64",
+        "C",
+    ),
+    ("gaussian", lambda n: rsketch.GaussianSketch(n, 10, seed=7), 120, 3, "float64", "C"),
+    ("gaussian_f32", lambda n: rsketch.GaussianSketch(n, 10, seed=7), 120, 3, "float32", "C"),
+]
+BITWISE = {name for name, *_ in OPERATOR_CASES if not name.startswith(("gaussian", "srdct"))}
+
+GAUSS = {"start": 5, "stop": 21, "r": 1024}  # 16384 normals: wedges and a few tail attempts
+FWHT_SHAPES = [(3, 64), (1, 2), (1, 8192)]  # 8192 > the CPU's 4096-value blocks
+INDEX_CASES = [(57, 1000), (40, 7), (25, 10**15)]  # (count, bound): small, tiny, beyond 32 bits
+
+
+def operand(n, k, dtype, order, seed=0):
+    A = np.random.default_rng(seed).standard_normal((n, k)).astype(dtype)
+    return np.asfortranarray(A) if order == "F" else A
+
+
+def simulate(outdir: pathlib.Path) -> None:
+    """Run every CUDA kernel in the simulator (this process has ``NUMBA_ENABLE_CUDASIM=1``)."""
+    from numba.core import config
+
+    assert config.ENABLE_CUDASIM, "simulate() must run with NUMBA_ENABLE_CUDASIM=1"
+    from rsketch.kernels.cuda import apply as device_apply
+    from rsketch.kernels.cuda import kernels as ck
+
+    res = {"philox": ck.philox_words(KEY[0], KEY[1], 2**32 - 3, 9, 3, 7)}
+    G = np.empty((GAUSS["stop"] - GAUSS["start"], GAUSS["r"]))
+    ck.gaussian_columns(KEY[0], KEY[1], GAUSS["start"], GAUSS["stop"], GAUSS["r"], STREAM_GAUSS, G, ZIG_X)
+    res["gaussian_columns"] = G
+    for s in (1, 3):
+        rows, signs = ck.sparse_pattern(KEY[0], KEY[1], 7, 90, s, 13, STREAM_ROW)
+        res[f"pattern_rows_{s}"], res[f"pattern_signs_{s}"] = rows, signs
+    for shape in FWHT_SHAPES:
+        X = np.random.default_rng(shape[1]).standard_normal(shape)
+        ck.fwht_columns(X)
+        res[f"fwht_{shape[0]}x{shape[1]}"] = X
+    res["signs"] = ck.lane_signs(KEY[0], KEY[1], 3, 50, STREAM_SIGN)
+    for count, bound in INDEX_CASES:
+        res[f"indices_{count}_{bound}"] = ck.uniform_indices(KEY[0], KEY[1], count, bound, STREAM_SAMPLE)
+    for name, make, n, k, dtype, order in OPERATOR_CASES:
+        res[f"apply_{name}"] = device_apply.sketch_apply(make(n), operand(n, k, dtype, order))
+    # Several passes over the rows (sparse) and several column groups (SRHT): the same bits.
+    ck._SPARSE_PASS_NONZEROS = 40
+    res["apply_sparse_passes"] = device_apply.sketch_apply(
+        rsketch.SparseSign(150, 12, seed=2, nnz_per_column=3), operand(150, 4, "float64", "C")
+    )
+    ck._SRHT_BUFFER = 2 * 128
+    res["apply_srht_groups"] = device_apply.sketch_apply(
+        rsketch.SRHT(100, 9, seed=3), operand(100, 5, "float64", "C")
+    )
+    np.savez(outdir / "sim.npz", **res)
+
+
+def run_child(args, env, timeout):
+    proc = subprocess.run(
+        [sys.executable, str(HERE), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    return proc
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cudasim")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = run_child(["simulate", str(out)], env, timeout=600)
+    assert proc.returncode == 0, f"the simulator run failed:\n{proc.stdout}\n{proc.stderr}"
+    with np.load(out / "sim.npz") as data:
+        return dict(data)
+
+
+def test_philox_words_are_the_cpu_words(sim):
+    ref = cpu.philox_words(KEY[0], KEY[1], 2**32 - 3, 9, 3, 7)  # indices cross 2**32: both counter words
+    assert sim["philox"].dtype == np.uint32
+    np.testing.assert_array_equal(sim["philox"], ref)
+
+
+def test_gaussian_columns_within_two_ulp(sim):
+    start, stop, r = GAUSS["start"], GAUSS["stop"], GAUSS["r"]
+    ref = np.empty((stop - start, r))
+    cpu.gaussian_columns(KEY[0], KEY[1], start, stop, r, STREAM_GAUSS, ref, ZIG_X)
+    np.testing.assert_array_max_ulp(sim["gaussian_columns"], ref, maxulp=2)
+    # The case reaches the rare branches: wedge tests among the attempts, and tail values (|z| > R).
+    w = cpu.philox_words(KEY[0], KEY[1], start, stop - start, r // 2, STREAM_GAUSS)
+    layer, u = ziggurat_u(np, w[:, :, 0::2].reshape(-1), w[:, :, 1::2].reshape(-1))
+    wedges = (np.abs(u) >= ZIG_RATIO[layer]) & (layer > 0)
+    assert wedges.sum() >= 10
+    assert (np.abs(ref) > ZIG_X[1]).sum() >= 1
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_sparse_pattern_is_bitwise(sim, s):
+    rows, signs = cpu.sparse_pattern(KEY[0], KEY[1], 7, 90, s, 13, STREAM_ROW)
+    np.testing.assert_array_equal(sim[f"pattern_rows_{s}"], rows)
+    np.testing.assert_array_equal(sim[f"pattern_signs_{s}"], signs)
+
+
+@pytest.mark.parametrize("shape", FWHT_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fwht_is_bitwise(sim, shape):
+    X = np.random.default_rng(shape[1]).standard_normal(shape)
+    cpu.fwht_columns(X)
+    np.testing.assert_array_equal(sim[f"fwht_{shape[0]}x{shape[1]}"], X)
+
+
+def test_lane_signs_are_the_srht_signs(sim):
+    S = rsketch.SRHT(60, 5, seed=0)
+    S.key = KEY
+    np.testing.assert_array_equal(sim["signs"], S.signs(3, 50))
+
+
+@pytest.mark.parametrize("count, bound", INDEX_CASES)
+def test_uniform_indices_are_bitwise(sim, count, bound):
+    np.testing.assert_array_equal(
+        sim[f"indices_{count}_{bound}"], cpu.uniform_indices(KEY[0], KEY[1], count, bound, STREAM_SAMPLE)
+    )
+
+
+@pytest.mark.parametrize("case", OPERATOR_CASES, ids=lambda c: c[0])
+def test_device_product_matches_cpu(sim, case):
+    name, make, n, k, dtype, order = case
+    S = make(n)
+    A = operand(n, k, dtype, order)
+    ref = S @ A
+    got = sim[f"apply_{name}"]
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    if name in BITWISE:
+        np.testing.assert_array_equal(got, ref)
+    else:
+        rtol = 1e-12 if dtype == "float64" else 1e-5
+        assert np.linalg.norm(got - ref) <= rtol * np.linalg.norm(ref)
+
+
+def test_sparse_products_are_bitwise_over_passes_and_groups(sim):
+    for name, make, n, k, dtype, _ in OPERATOR_CASES:
+        if name.startswith(("countsketch", "sparse_sign")):  # the CPU's chain is one chunk's chain here
+            assert sparse_chunks(n, make(n).sketch_size, k, np.dtype(dtype).itemsize) == 1
+    A = operand(150, 4, "float64", "C")
+    np.testing.assert_array_equal(
+        sim["apply_sparse_passes"], rsketch.SparseSign(150, 12, seed=2, nnz_per_column=3) @ A
+    )
+    np.testing.assert_array_equal(
+        sim["apply_srht_groups"], rsketch.SRHT(100, 9, seed=3) @ operand(100, 5, "float64", "C")
+    )
+
+
+# --------------------------------------------------------------------------- PTX for a real GPU
+def compile_all() -> None:
+    """Compile every kernel to PTX for sm_80 (a process without the simulator, and without a GPU)."""
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda
+    from numba import types as nt
+    from numba.np.numpy_support import from_dtype
+
+    # Device functions are compiled for the current device's compute capability; there is none here.
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
+    from rsketch.kernels.cuda import kernels as ck
+
+    i64, f32, f64 = nt.int64, nt.float32, nt.float64
+    vec = lambda dt: nt.Array(dt, 1, "C")
+    mat = lambda dt, layout="C": nt.Array(dt, 2, layout)
+    signatures = {
+        "_philox_words_kernel": (i64, i64, i64, i64, i64, nt.Array(nt.uint32, 3, "C")),
+        "_gaussian_columns_kernel": (i64, i64, i64, i64, i64, mat(f64), vec(f64)),
+        "_sparse_pattern_kernel": (i64, i64, i64, i64, i64, i64, vec(i64), vec(f64)),
+        "_fwht_level_kernel": (mat(f64), i64),
+        "_signed_transpose_kernel": (i64, i64, i64, mat(f32, "A"), i64, mat(f32)),
+        "_gather_rows_t_kernel": (mat(f32), vec(i64), f64, i64, mat(f32, "A")),
+        "_signs_kernel": (i64, i64, i64, i64, vec(f64)),
+        "_uniform_indices_kernel": (i64, i64, i64, i64, vec(i64)),
+        "_gather_kernel": (mat(f64, "A"), vec(i64), vec(f64), mat(f64)),
+    }
+    compiled = []
+    for name, sig in signatures.items():
+        cuda.compile_ptx(getattr(ck, name).py_func, sig, cc=(8, 0))
+        compiled.append(name)
+    for dtype, kernel in ck._bucket_sum.items():
+        ft = from_dtype(dtype)
+        cuda.compile_ptx(
+            kernel.py_func, (i64, vec(i64), vec(i64), vec(f64), mat(ft, "A"), i64, mat(ft)), cc=(8, 0)
+        )
+        compiled.append(f"bucket_sum[{dtype}]")
+    launched = {name for name in vars(ck) if name.endswith("_kernel")}
+    assert launched <= set(compiled), f"kernels without a compile check: {launched - set(compiled)}"
+    print("compiled", len(compiled))
+
+
+def _nvvm_available() -> str | None:
+    proc = run_child(["probe"], dict(os.environ, NUMBA_ENABLE_CUDASIM="0"), timeout=120)
+    return None if proc.returncode == 0 else (proc.stdout + proc.stderr).strip().splitlines()[-1]
+
+
+def probe() -> None:
+    from cuda import pathfinder
+
+    for lib in ("nvvm", "nvrtc"):
+        try:
+            pathfinder.load_nvidia_dynamic_lib(lib)
+        except Exception as exc:
+            print(f"lib{lib} not found ({type(exc).__name__}); pip install 'numba-cuda[cu13]' for this check")
+            raise SystemExit(1) from None
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_to_ptx():
+    missing = _nvvm_available()
+    if missing is not None:
+        pytest.skip(missing)
+    proc = run_child(["compile"], dict(os.environ, NUMBA_ENABLE_CUDASIM="0"), timeout=600)
+    assert proc.returncode == 0, f"PTX compilation failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+# --------------------------------------------------------------------------- errors (no simulator)
+def test_missing_cupy_says_to_install_the_gpu_extra(monkeypatch):
+    from rsketch.kernels.cuda import require_gpu, sketch_apply
+
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(ImportError, match=r"rsketch\[gpu\]"):
+        require_gpu()
+    with pytest.raises(ImportError, match=r"CuPy is not installed.*rsketch\[gpu\]"):
+        sketch_apply(rsketch.CountSketch(10, 2, seed=0), np.ones((10, 1)))
+
+
+def _fake_cupy(count):
+    def get_device_count():
+        if count is None:
+            raise OSError("cudaErrorNoDevice: no CUDA-capable device is detected")
+        return count
+
+    runtime = types.SimpleNamespace(getDeviceCount=get_device_count)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.mark.parametrize("count", [None, 0])
+def test_no_device_is_a_runtime_error(monkeypatch, count):
+    from rsketch.kernels.cuda import require_gpu
+
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(count))
+    with pytest.raises(RuntimeError, match="no CUDA device is available"):
+        require_gpu()
+
+
+def test_mixing_device_and_host_arrays_is_a_type_error():
+    device_like = type("ndarray", (), {"__module__": "cupy"})()  # what cupy.ndarray reports
+    assert array_library(device_like) == "cupy"
+    with pytest.raises(TypeError, match=r"X is a CuPy \(GPU\) array but y is a NumPy \(host\) array"):
+        check_same_library(X=device_like, y=np.ones(3))
+    with pytest.raises(TypeError, match="cupy.asarray"):
+        check_same_library(A=np.ones(3), B=device_like)
+    assert check_same_library(X=np.ones(2), y=None) == "numpy"
+
+
+def test_unknown_kind_has_no_device_kernel():
+    from rsketch.kernels.cuda import apply as device_apply
+
+    S = rsketch.CountSketch(10, 2, seed=0)
+    S.kind = "mystery"
+    with pytest.raises(NotImplementedError, match="no GPU kernels"):
+        device_apply.sketch_apply(S, np.ones((10, 1)))
+
+
+if __name__ == "__main__":
+    command = sys.argv[1]
+    if command == "simulate":
+        simulate(pathlib.Path(sys.argv[2]))
+    elif command == "compile":
+        compile_all()
+    elif command == "probe":
+        probe()

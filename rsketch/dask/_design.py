@@ -60,19 +60,31 @@ def validate_dask_problem(X, y):
     return X.astype(np.float64).rechunk({1: -1}), Y, is_vector
 
 
+def _finite(Xb, *outputs):
+    # A chunk's outputs are small: scan the chunk itself only when they are not finite, so that NaN/inf
+    # in X is reported as in memory (the sketch may not have read this chunk: sampling reads few).
+    if not all(np.isfinite(out).all() for out in outputs):
+        check_finite(Xb, "X")
+    return outputs
+
+
 def _gradient_part(Xb, Yb, B, accuracy):
     Xb = np.ascontiguousarray(Xb, dtype=np.float64)
     g, nrm = cpu.residual_gradient(Xb, np.ascontiguousarray(Yb), B, cpu.n_chunks(Xb.shape[0]), accuracy)
-    return g, nrm
+    return _finite(Xb, g, nrm)
 
 
 def _gram_part(Xb, V):
     T = Xb @ V
-    return Xb.T @ T, np.einsum("ij,ij->j", T, T)
+    return _finite(Xb, Xb.T @ T, np.einsum("ij,ij->j", T, T))
 
 
 def _gram_matrix_part(Xb):
-    return Xb.T @ Xb
+    return _finite(Xb, Xb.T @ Xb)[0]
+
+
+def _product_part(Xb, B):
+    return _finite(Xb, Xb @ B)[0]
 
 
 class DaskDesign:
@@ -121,7 +133,9 @@ class DaskDesign:
     def matmul(self, B):
         """``X @ B`` for ``B`` of shape ``(p, k)``, brought to the client."""
         self.passes += 1
-        return np.asarray((self.X @ B).compute())
+        k = B.shape[1]
+        out = self.X.map_blocks(_product_part, B, chunks=(self.X.chunks[0], (k,)), dtype=np.float64)
+        return np.asarray(out.compute())
 
     def gram(self, V):
         """``(X.T @ X @ V, ||X @ V||**2 per column)``; ``V`` of shape ``(p, k)``."""

@@ -354,6 +354,21 @@ def test_lstsq_dask_bad_input():
         rsketch.lstsq(Xd, da.from_array(ybad, chunks=300))
     with pytest.raises(ValueError, match="y must have shape"):
         rsketch.lstsq(Xd, y[:-1])
+    # NaN in a chunk the sampling sketch never reads: the residual's pass finds it.
+    S = rsketch.UniformSampling(1000, 5, seed=0, replace=False)
+    unread = sorted(set(range(10)) - set(S.indices() // 100))[0]
+    bad = X.copy()
+    bad[100 * unread + 1, 0] = np.nan
+    with pytest.raises(ValueError, match="X contains NaN or infinite values"):
+        rsketch.lstsq(da.from_array(bad, chunks=100), y, sketch=S, method="sketch_and_solve")
+
+
+def test_lstsq_dask_several_right_hand_sides():
+    X, y = _conditioned_problem(3000, 4, 100.0, seed=2)
+    Y = np.column_stack([y, -2 * y + 1])
+    res = rsketch.lstsq(da.from_array(X, chunks=700), da.from_array(Y, chunks=(1000, 1)), seed=0)
+    ref = np.linalg.lstsq(X, Y, rcond=None)[0]
+    assert res.coef.shape == (4, 2) and np.abs(res.coef - ref).max() <= 1e-13 * np.abs(ref).max()
 
 
 # ------------------------------------------------------------------------------------------ estimators

@@ -1,0 +1,175 @@
+"""Sketch operators on a GPU (CuPy arrays, rsketch/kernels/cuda), at n = 4,000,000, k = 100, r = 2,000.
+
+Peers, each measured in the same run on the same device:
+- one device read pass over A (``A.T @ v`` through cuBLAS), the floor for any sketch that reads A once;
+- the dense Gaussian sketch through cuBLAS GEMM, ``cupy.random.standard_normal((r, n)) @ A``, generation
+  and product timed as a whole.
+
+Targets (issue 20): sparse sign and CountSketch ``S @ A`` within 2x one read pass; SRHT at least 5x faster
+than the dense Gaussian sketch. ``python -m benchmarks.gpu [--quick] [--no-record]`` runs it (on a machine
+with a GPU, through ``benchmarks/gpu_check.sh``) and records the table as the ``gpu`` area of
+``benchmarks/history`` and ``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
+GPU there is nothing to measure, and no figure is ever estimated.
+
+The measuring code takes a ``Device`` (array module, synchronisation, a name), so that
+:func:`run` also runs on the CPU with NumPy at small sizes: the tests check the report's logic there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+import rsketch
+from benchmarks._harness import Report, Target, append_results, machine_description, median_time
+
+SIZES = {"full": (4_000_000, 100, 2_000), "quick": (200_000, 100, 2_000)}
+KINDS = ("countsketch", "sparse_sign", "srht", "gaussian", "uniform", "srdct")
+
+
+@dataclass
+class Device:
+    """Where the arrays live: ``xp`` (cupy, or numpy for the logic tests), ``synchronize``, ``name``."""
+
+    xp: object
+    synchronize: object
+    name: str
+    standard_normal: object  # (shape, seed) -> array of xp
+
+
+def cuda_device() -> Device:
+    """The current CUDA device through CuPy (raises as :func:`rsketch.kernels.cuda.require_gpu` does)."""
+    from rsketch.kernels.cuda import require_gpu
+
+    require_gpu()
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return Device(
+        xp=cupy,
+        synchronize=lambda: cupy.cuda.Device().synchronize(),
+        name=f"{name}, {props['totalGlobalMem'] / 2**30:.0f} GiB, CuPy {cupy.__version__}",
+        standard_normal=lambda shape, seed: cupy.random.default_rng(seed).standard_normal(shape),
+    )
+
+
+def host_device() -> Device:
+    """NumPy standing in for the device (the tests of this module's logic; never a GPU figure)."""
+    return Device(
+        xp=np,
+        synchronize=lambda: None,
+        name="NumPy on the host (logic check only)",
+        standard_normal=lambda shape, seed: np.random.default_rng(seed).standard_normal(shape),
+    )
+
+
+def targets(times: dict) -> list[Target]:
+    """The issue's GPU targets from the measured times (seconds, keyed by case).
+
+    Examples
+    --------
+    >>> [t.met for t in targets({"read": 1.0, "countsketch": 1.5, "sparse_sign": 2.5, "srht": 1.0,
+    ...                          "dense_gaussian": 6.0})]
+    [True, False, True]
+    """
+    read, dense = times["read"], times["dense_gaussian"]
+    out = [
+        Target(
+            f"{name} S @ A within 2x one device read pass of A",
+            f"{times[name] / read:.2f}x the read pass",
+            times[name] <= 2.0 * read,
+        )
+        for name in ("countsketch", "sparse_sign")
+    ]
+    out.append(
+        Target(
+            "SRHT S @ A at least 5x faster than the dense Gaussian sketch through cuBLAS GEMM",
+            f"{dense / times['srht']:.2f}x faster",
+            dense >= 5.0 * times["srht"],
+        )
+    )
+    return out
+
+
+def dense_gaussian(device: Device, A, r: int, block_entries: int = 1 << 28):
+    """The peer: ``G @ A`` for a fresh dense Gaussian ``G`` (r x n), generated and multiplied by blocks of
+    columns of at most ``block_entries`` values (2 GiB), so that it fits any device.
+
+    Examples
+    --------
+    >>> A = np.ones((10, 2))
+    >>> dense_gaussian(host_device(), A, 3, block_entries=12).shape
+    (3, 2)
+    """
+    xp = device.xp
+    n = A.shape[0]
+    out = xp.zeros((r, A.shape[1]))
+    step = max(1, block_entries // r)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        out += device.standard_normal((r, b - a), a) @ A[a:b]
+    return out
+
+
+def run(quick: bool = False, device: Device | None = None, sizes=None) -> Report:
+    """Time ``S @ A`` for every operator on ``device`` (the current CUDA device by default)."""
+    device = device or cuda_device()
+    xp, sync = device.xp, device.synchronize
+    n, k, r = sizes or SIZES["quick" if quick else "full"]
+    repeats = 3 if quick else 7
+
+    def timed(fn):
+        def call():
+            fn()
+            sync()
+
+        return median_time(call, repeats=repeats, warmup=1)
+
+    A = device.standard_normal((n, k), 0)
+    v = xp.ones(k)
+    sync()
+    report = Report(f"GPU sketch operators: S @ A, n={n:,}, k={k}, r={r:,}, float64")
+    report.notes.append(f"Device: {device.name}.")
+    times = {
+        "read": timed(lambda: A @ v),
+        "dense_gaussian": timed(lambda: dense_gaussian(device, A, r)),
+    }
+    for kind in KINDS:
+        S = rsketch.make_sketch(kind, n, r, seed=1)
+        times[kind] = timed(lambda S=S: S @ A)
+    labels = {"read": "read pass A @ v (cuBLAS)", "dense_gaussian": "dense Gaussian (cuBLAS GEMM)"}
+    for case, t in times.items():
+        report.rows.append(
+            {
+                "case": labels.get(case, f"{case} S @ A"),
+                "time_s": t,
+                "vs read pass": t / times["read"],
+                "GB/s of A": A.nbytes / t / 1e9,
+            }
+        )
+    report.targets += targets(times)
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="n = 200,000 instead of 4,000,000")
+    parser.add_argument(
+        "--no-record", action="store_true", help="print only (no history, RESULTS.md unchanged)"
+    )
+    args = parser.parse_args(argv)
+    print(machine_description(), flush=True)
+    report = run(quick=args.quick)
+    print(report.to_markdown(), flush=True)
+    if not args.no_record:
+        for path in append_results([report], quick=args.quick, areas=["gpu"]):
+            print(f"recorded in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

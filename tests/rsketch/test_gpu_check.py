@@ -1,0 +1,72 @@
+"""The GPU check's logic on a CPU: benchmarks/gpu.py with NumPy standing in for the device, and
+benchmarks/gpu_check.sh's shape. No figure from here is a GPU figure, and none is recorded."""
+
+import doctest
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+
+import benchmarks.gpu as gpu
+from benchmarks.report import history_records, render
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MACHINE = {"cpu": "x", "logical_cpus": 2, "blas": "b", "python": "3", "numpy": "2", "scipy": "1"}
+
+
+def test_docstring_examples():
+    result = doctest.testmod(gpu, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 2 and result.failed == 0
+
+
+def test_report_on_a_stand_in_device():
+    report = gpu.run(device=gpu.host_device(), sizes=(3000, 4, 50))
+    cases = [row["case"] for row in report.rows]
+    assert cases[:2] == ["read pass A @ v (cuBLAS)", "dense Gaussian (cuBLAS GEMM)"]
+    assert cases[2:] == [f"{kind} S @ A" for kind in gpu.KINDS]
+    read = report.rows[0]["time_s"]
+    for row in report.rows:
+        assert row["time_s"] > 0 and row["vs read pass"] == pytest.approx(row["time_s"] / read)
+    assert len(report.targets) == 3
+    assert "logic check only" in report.notes[0]
+    md = render(
+        history_records(report, area="gpu", stamp="2026-12-05 00:00:00 UTC", quick=True, machine=MACHINE)
+    )
+    assert "## gpu" in md and "SRHT S @ A at least 5x faster" in md
+
+
+def test_targets_follow_the_ratios():
+    times = {"read": 1.0, "countsketch": 2.0, "sparse_sign": 2.01, "srht": 1.0, "dense_gaussian": 4.99}
+    met = [t.met for t in gpu.targets(times)]
+    assert met == [True, False, False]
+    times["dense_gaussian"] = 5.0
+    assert gpu.targets(times)[2].met
+
+
+def test_dense_gaussian_peer_is_blocked_gemm():
+    A = np.random.default_rng(0).standard_normal((25, 3))
+    dev = gpu.host_device()
+    got = gpu.dense_gaussian(dev, A, 4, block_entries=4 * 7)  # blocks of 7 columns
+    G = np.concatenate([dev.standard_normal((4, min(25, a + 7) - a), a) for a in range(0, 25, 7)], axis=1)
+    np.testing.assert_allclose(got, G @ A, rtol=1e-13)
+
+
+def test_without_a_gpu_nothing_is_measured():
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy is installed here; the refusal is what machines without it see")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match=r"rsketch\[gpu\]"):
+        gpu.main(["--quick", "--no-record"])
+
+
+def test_gpu_check_script():
+    script = ROOT / "benchmarks" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "'.[gpu,test]'" in text  # installs the gpu extra
+    assert "RSKETCH_REQUIRE_GPU=1" in text and "-m gpu" in text  # gpu tests, where a skip fails
+    assert "-m benchmarks.gpu" in text  # the benchmarks, recorded through the harness

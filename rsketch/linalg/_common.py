@@ -148,7 +148,7 @@ def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
 
 
 def apply_sketch(S, X, name="X"):
-    """``S @ X``; a NaN/inf found by the operator is reported against ``name``. A Dask ``X``'s is computed."""
+    """``S @ X`` (computed, for Dask ``X``); a NaN/inf found by the operator is reported against ``name``."""
     try:
         SX = S @ X
         return SX.compute() if is_dask_array(SX) else SX

@@ -81,7 +81,20 @@ OPERATOR_CASES = [
 BITWISE = {name for name, *_ in OPERATOR_CASES if not name.startswith(("gaussian", "srdct"))}
 
 GAUSS = {"start": 5, "stop": 21, "r": 1024}  # 16384 normals: wedges and a few tail attempts
-FWHT_SHAPES = [(3, 64), (1, 2), (1, 8192)]  # 8192 > the CPU's 4096-value blocks
+# Shared-memory levels only; one radix-2 level above them; one radix-4 pass above them (8192 is also
+# past the CPU's 4096-value blocks); and a column-major array (no shared-memory levels, rows interleaved).
+FWHT_SHAPES = [(3, 64), (1, 2), (2, 4096), (1, 8192), (3, 32, "F")]
+
+
+def fwht_input(shape):
+    X = np.random.default_rng(shape[1]).standard_normal(shape[:2])
+    return np.asfortranarray(X) if shape[2:] == ("F",) else X
+
+
+def fwht_id(shape):
+    return "x".join(map(str, shape))
+
+
 INDEX_CASES = [(57, 1000), (40, 7), (25, 10**15)]  # (count, bound): small, tiny, beyond 32 bits
 
 
@@ -106,9 +119,9 @@ def simulate(outdir: pathlib.Path) -> None:
         rows, signs = ck.sparse_pattern(KEY[0], KEY[1], 7, 90, s, 13, STREAM_ROW)
         res[f"pattern_rows_{s}"], res[f"pattern_signs_{s}"] = rows, signs
     for shape in FWHT_SHAPES:
-        X = np.random.default_rng(shape[1]).standard_normal(shape)
+        X = fwht_input(shape)
         ck.fwht_columns(X)
-        res[f"fwht_{shape[0]}x{shape[1]}"] = X
+        res[f"fwht_{fwht_id(shape)}"] = X
     res["signs"] = ck.lane_signs(KEY[0], KEY[1], 3, 50, STREAM_SIGN)
     for count, bound in INDEX_CASES:
         res[f"indices_{count}_{bound}"] = ck.uniform_indices(KEY[0], KEY[1], count, bound, STREAM_SAMPLE)
@@ -169,11 +182,11 @@ def test_sparse_pattern_is_bitwise(sim, s):
     np.testing.assert_array_equal(sim[f"pattern_signs_{s}"], signs)
 
 
-@pytest.mark.parametrize("shape", FWHT_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape", FWHT_SHAPES, ids=fwht_id)
 def test_fwht_is_bitwise(sim, shape):
-    X = np.random.default_rng(shape[1]).standard_normal(shape)
+    X = np.ascontiguousarray(fwht_input(shape))
     cpu.fwht_columns(X)
-    np.testing.assert_array_equal(sim[f"fwht_{shape[0]}x{shape[1]}"], X)
+    np.testing.assert_array_equal(sim[f"fwht_{fwht_id(shape)}"], X)
 
 
 def test_lane_signs_are_the_srht_signs(sim):
@@ -236,7 +249,8 @@ def compile_all() -> None:
         "_philox_words_kernel": (i64, i64, i64, i64, i64, nt.Array(nt.uint32, 3, "C")),
         "_gaussian_columns_kernel": (i64, i64, i64, i64, i64, mat(f64), vec(f64)),
         "_sparse_pattern_kernel": (i64, i64, i64, i64, i64, i64, vec(i64), vec(f64)),
-        "_fwht_level_kernel": (mat(f64), i64),
+        "_fwht_level_kernel": (mat(f64, "A"), i64, nt.boolean),
+        "_fwht_radix4_kernel": (mat(f32, "A"), i64, nt.boolean),
         "_signed_transpose_kernel": (i64, i64, i64, mat(f32, "A"), i64, mat(f32)),
         "_gather_rows_t_kernel": (mat(f32), vec(i64), f64, i64, mat(f32, "A")),
         "_signs_kernel": (i64, i64, i64, i64, vec(f64)),
@@ -253,6 +267,9 @@ def compile_all() -> None:
             kernel.py_func, (i64, vec(i64), vec(i64), vec(f64), mat(ft, "A"), i64, mat(ft)), cc=(8, 0)
         )
         compiled.append(f"bucket_sum[{dtype}]")
+    for dtype, kernel in ck._fwht_shared.items():
+        cuda.compile_ptx(kernel.py_func, (mat(from_dtype(dtype)), i64), cc=(8, 0))
+        compiled.append(f"fwht_shared[{dtype}]")
     launched = {name for name in vars(ck) if name.endswith("_kernel")}
     assert launched <= set(compiled), f"kernels without a compile check: {launched - set(compiled)}"
     print("compiled", len(compiled))

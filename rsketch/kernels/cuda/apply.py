@@ -24,8 +24,9 @@ from rsketch.kernels.cuda.kernels import (
     uniform_indices,
 )
 
-# Columns of a Gaussian S generated per block: at most 2**25 entries (256 MiB) on the device.
-_GAUSS_BLOCK_ENTRIES = 1 << 25
+# Columns of a Gaussian S generated per block (one thread each): at most 2**27 entries (1 GiB) on the
+# device, so that a block has enough columns (threads) to fill a GPU at r = 2,000.
+_GAUSS_BLOCK_ENTRIES = 1 << 27
 
 
 def _gaussian(S, A, xp):

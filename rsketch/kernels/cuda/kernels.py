@@ -16,7 +16,7 @@ the last bits (the tests allow 2 ulp).
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32, float64
 from numba.core import config
 
 from rsketch.kernels.cuda._device import bounded_exact, sign_of_lane, sparse_entry, words, zig_attempt
@@ -187,15 +187,95 @@ def sparse_apply_dense(k0, k1, s, r, stream, A, acc):
 
 
 # ------------------------------------------------------------------------------------- FWHT / SRHT
+# The transform of a row of N values makes log2(N) passes over it in global memory, level by level;
+# two cuts: the first levels (blocks of up to 2048 values) run in shared memory, one read and one write
+# for all of them, and the levels above go two at a time (radix 4). Every butterfly is the CPU's
+# (a radix-4 pass is two radix-2 levels rounded the same way), so the result is bitwise the CPU's.
+_FWHT_SHARED = 2048  # values of one row per block in shared memory (16 KiB in float64)
+
+
+def _make_fwht_shared(ftype):
+    @cuda.jit
+    def fwht_shared(X, size):
+        # Levels 1, 2, ..., size / 2 of every contiguous block of `size` values of each row.
+        buf = cuda.shared.array(_FWHT_SHARED, ftype)
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        per_row = X.shape[1] // size
+        b = cuda.blockIdx.x
+        while b < X.shape[0] * per_row:  # uniform over the block: the barriers below are safe
+            c = b // per_row
+            base = (b % per_row) * size
+            for t in range(tid, size, nt):
+                buf[t] = X[c, base + t]
+            cuda.syncthreads()
+            h = 1
+            while h < size:
+                for p in range(tid, size // 2, nt):
+                    i = (p // h) * 2 * h + p % h
+                    u = buf[i]
+                    v = buf[i + h]
+                    buf[i] = u + v
+                    buf[i + h] = u - v
+                cuda.syncthreads()
+                h *= 2
+            for t in range(tid, size, nt):
+                X[c, base + t] = buf[t]
+            cuda.syncthreads()
+            b += cuda.gridDim.x
+
+    return fwht_shared
+
+
+_fwht_shared = {
+    np.dtype(np.float32): _make_fwht_shared(float32),
+    np.dtype(np.float64): _make_fwht_shared(float64),
+}
+
+
 @cuda.jit
-def _fwht_level_kernel(X, h):
-    # One radix-2 level: pairs (i, i + h) of every row; the CPU's radix-4 pass is two of these,
-    # rounded identically.
+def _fwht_radix4_kernel(X, h, c_fast):
+    # Levels h and 2h at once (the CPU's _radix4_pass); thread e takes quadruple p of row c, with c
+    # varying fastest where the rows are interleaved in memory, so that a warp reads adjacent values.
+    k = X.shape[0]
+    quarter = X.shape[1] // 4
+    e = cuda.grid(1)
+    while e < k * quarter:
+        if c_fast:
+            c = e % k
+            p = e // k
+        else:
+            c = e // quarter
+            p = e % quarter
+        i = (p // h) * 4 * h + p % h
+        a = X[c, i]
+        b = X[c, i + h]
+        cc = X[c, i + 2 * h]
+        d = X[c, i + 3 * h]
+        ab0 = a + b
+        ab1 = a - b
+        cd0 = cc + d
+        cd1 = cc - d
+        X[c, i] = ab0 + cd0
+        X[c, i + h] = ab1 + cd1
+        X[c, i + 2 * h] = ab0 - cd0
+        X[c, i + 3 * h] = ab1 - cd1
+        e += cuda.gridsize(1)
+
+
+@cuda.jit
+def _fwht_level_kernel(X, h, c_fast):
+    # One radix-2 level: pairs (i, i + h) of every row (the last level of an odd log2(N)).
+    k = X.shape[0]
     half = X.shape[1] // 2
     e = cuda.grid(1)
-    while e < X.shape[0] * half:
-        c = e // half
-        p = e % half
+    while e < k * half:
+        if c_fast:
+            c = e % k
+            p = e // k
+        else:
+            c = e // half
+            p = e % half
         i = (p // h) * 2 * h + p % h
         a = X[c, i]
         b = X[c, i + h]
@@ -206,10 +286,19 @@ def _fwht_level_kernel(X, h):
 
 def fwht_columns(X):
     """In-place unnormalised FWHT of every row of ``X`` ((k, N), N a power of two), as the CPU kernel."""
+    k, n = X.shape
+    c_fast = bool(k > 1 and X.strides[0] < X.strides[1])
     h = 1
-    while h < X.shape[1]:
-        _fwht_level_kernel[_grid(X.shape[0] * X.shape[1] // 2)](X, h)
-        h *= 2
+    if not c_fast and X.strides[1] == X.itemsize and np.dtype(X.dtype) in _fwht_shared:
+        size = min(n, _FWHT_SHARED)
+        blocks = k * (n // size)
+        _fwht_shared[np.dtype(X.dtype)][max(1, min(_MAX_BLOCKS, blocks)), _THREADS](X, size)
+        h = size
+    while 4 * h <= n:
+        _fwht_radix4_kernel[_grid(k * n // 4)](X, h, c_fast)
+        h *= 4
+    if h < n:
+        _fwht_level_kernel[_grid(k * n // 2)](X, h, c_fast)
 
 
 @cuda.jit

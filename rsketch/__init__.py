@@ -13,7 +13,17 @@ Examples
 (200, 10000)
 """
 
-from rsketch.linalg import ConvergenceWarning, LstsqResult, lstsq
+from rsketch.linalg import (
+    ConvergenceWarning,
+    LstsqResult,
+    eigh,
+    interpolative,
+    lstsq,
+    nystrom,
+    qr_pivoted,
+    range_finder,
+    svd,
+)
 from rsketch.operators import (
     SKETCH_KINDS,
     SRDCT,
@@ -64,6 +74,12 @@ __all__ = [
     "UniformSampling",
     "bounds",
     "efficiency",
+    "eigh",
+    "interpolative",
     "lstsq",
     "make_sketch",
+    "nystrom",
+    "qr_pivoted",
+    "range_finder",
+    "svd",
 ]

@@ -1,15 +1,40 @@
-"""Sketched least squares: :func:`lstsq` (sketch-and-solve, sketch-and-precondition, IHS)."""
+"""Sketched least squares (:func:`lstsq`: sketch-and-solve, sketch-and-precondition, IHS) and randomized
+low-rank approximation (:func:`range_finder`, :func:`svd`, :func:`eigh`, :func:`nystrom`,
+:func:`qr_pivoted`, :func:`interpolative`)."""
 
 from rsketch.linalg._backward_error import backward_error
 from rsketch.linalg._common import default_sketch_size
+from rsketch.linalg._cqrrpt import InterpolativeResult, QRPivotedResult, interpolative, qr_pivoted
+from rsketch.linalg._lowrank import (
+    EighResult,
+    NystromResult,
+    RangeFinderResult,
+    SVDResult,
+    eigh,
+    nystrom,
+    range_finder,
+    svd,
+)
 from rsketch.linalg._lstsq import lstsq
 from rsketch.linalg._results import ConvergenceWarning, LstsqResult, SolverLog
 
 __all__ = [
     "ConvergenceWarning",
+    "EighResult",
+    "InterpolativeResult",
     "LstsqResult",
+    "NystromResult",
+    "QRPivotedResult",
+    "RangeFinderResult",
+    "SVDResult",
     "SolverLog",
     "backward_error",
     "default_sketch_size",
+    "eigh",
+    "interpolative",
     "lstsq",
+    "nystrom",
+    "qr_pivoted",
+    "range_finder",
+    "svd",
 ]

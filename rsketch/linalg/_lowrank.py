@@ -1,0 +1,592 @@
+"""Randomized low-rank approximation: range finder, SVD, symmetric eigendecomposition, Nyström.
+
+Halko, Martinsson & Tropp (2011, "HMT") with our operators as test matrices: the first product is
+``A @ S.T`` for any sketch kind (sparse sign by default, one cheap pass), then subspace iteration
+with a QR between passes, or a block Krylov space (Musco & Musco 2015). Inputs: dense arrays
+(float32 stays float32), SciPy sparse matrices (never densified) and
+``scipy.sparse.linalg.LinearOperator``. The extra memory is the basis and the small factors.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg
+import scipy.linalg.blas
+import scipy.sparse as sp
+import scipy.sparse.linalg
+from scipy.sparse.linalg import LinearOperator
+
+from rsketch._validation import check_finite, check_int, check_option, check_real, check_seed, seed_sequence
+from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
+
+RANGE_METHODS = ("subspace", "block_krylov")
+# Gaussian probes of the a-posteriori estimate: it holds with probability at least 1 - 10**-PROBES.
+PROBES = 10
+
+
+@dataclass(frozen=True)
+class RangeFinderResult:
+    """An orthonormal basis of an approximate range of ``A``.
+
+    Attributes
+    ----------
+    Q : ndarray of shape (m, l)
+        Orthonormal columns (``l`` = rank + oversample, or what the adaptive finder grew).
+    error_estimate : float or None
+        HMT's randomized estimate (section 4.3) of ``||A - Q Q.T A||_2``: an upper bound with
+        probability at least ``1 - 10**-10``. None when ``error_probes=0``.
+    passes : int
+        Products of ``A`` or ``A.T`` with a block of vectors (the estimate's included).
+    method : str
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> A = np.outer(np.arange(1.0, 5.0), np.ones(3))
+    >>> res = range_finder(A, 1, seed=0)
+    >>> res.Q.shape, bool(res.error_estimate < 1e-12)
+    ((4, 3), True)
+    """
+
+    Q: np.ndarray
+    error_estimate: float | None
+    passes: int
+    method: str
+
+
+@dataclass(frozen=True)
+class SVDResult:
+    """A rank-``k`` approximation ``A ~ U diag(s) Vt``.
+
+    Attributes
+    ----------
+    U : ndarray of shape (m, k)
+    s : ndarray of shape (k,)
+        Descending.
+    Vt : ndarray of shape (k, n)
+    error_estimate : float or None
+        Randomized estimate of ``||A - U diag(s) Vt||_2`` (upper bound with probability
+        ``1 - 10**-10``); None with ``error_probes=0``.
+    passes : int
+        Passes over ``A`` in all.
+    timings : dict
+        Seconds spent in ``"range"``, ``"project"`` (``Q.T A`` and its SVD) and ``"estimate"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> res = svd(np.diag([3.0, 2.0, 1.0]), 2, seed=0)
+    >>> np.round(res.s, 12).tolist()
+    [3.0, 2.0]
+    """
+
+    U: np.ndarray
+    s: np.ndarray
+    Vt: np.ndarray
+    error_estimate: float | None
+    passes: int
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EighResult:
+    """A rank-``k`` approximation ``A ~ V diag(w) V.T`` of a symmetric ``A``.
+
+    Attributes
+    ----------
+    eigenvalues : ndarray of shape (k,)
+        The ``k`` of largest magnitude, in descending order of magnitude.
+    eigenvectors : ndarray of shape (n, k)
+    error_estimate : float or None
+        Randomized estimate of ``||A - V diag(w) V.T||_2``.
+    passes : int
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> res = eigh(np.diag([1.0, -4.0, 2.0]), 2, seed=0)
+    >>> np.round(res.eigenvalues, 12).tolist()
+    [-4.0, 2.0]
+    """
+
+    eigenvalues: np.ndarray
+    eigenvectors: np.ndarray
+    error_estimate: float | None
+    passes: int
+
+
+@dataclass(frozen=True)
+class NystromResult:
+    """``A ~ U diag(eigenvalues) U.T`` for a positive semi-definite ``A`` (randomized Nyström).
+
+    Attributes
+    ----------
+    U : ndarray of shape (n, l)
+        Orthonormal columns.
+    eigenvalues : ndarray of shape (l,)
+        Non-negative, descending.
+    shift : float
+        The stabilising shift ``nu`` that was added and removed (Tropp et al. 2017).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> res = nystrom(np.diag([5.0, 1.0, 0.0, 0.0]), 2, oversample=0, seed=0)
+    >>> np.round(res.eigenvalues, 10).tolist()
+    [5.0, 1.0]
+    """
+
+    U: np.ndarray
+    eigenvalues: np.ndarray
+    shift: float
+
+    def matvec(self, x):
+        """``U diag(eigenvalues) U.T x``."""
+        scale = self.eigenvalues[:, None] if np.ndim(x) == 2 else self.eigenvalues
+        return self.U @ (scale * (self.U.T @ x))
+
+
+# ----------------------------------------------------------------------------------------- input
+def _check_matrix(A, name="A"):
+    """``A`` as a dense float32/float64 array, a CSR/CSC matrix or a LinearOperator; its dtype."""
+    if isinstance(A, LinearOperator):
+        dt = np.dtype(A.dtype)
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TypeError(f"{name} must be a real float32 or float64 LinearOperator, got dtype {dt}")
+        if 0 in A.shape:
+            raise ValueError(f"{name} is empty (shape {A.shape})")
+        return A, dt
+    if sp.issparse(A):
+        A = A.tocsr() if A.format not in ("csr", "csc") else A
+        if A.dtype.kind not in "fiub":
+            raise TypeError(f"{name} must be real-valued, got dtype {A.dtype}")
+        A = A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False)
+    else:
+        try:
+            A = np.asarray(A)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be an array of real numbers: {exc}") from exc
+        if A.dtype.kind not in "fiub":
+            raise TypeError(f"{name} must be a real numeric array, got dtype {A.dtype}")
+        A = A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False)
+    if A.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {A.shape}")
+    if 0 in A.shape:
+        raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
+    check_finite(A, name)
+    return A, A.dtype
+
+
+def _check_rank(rank, m, n, name="rank"):
+    return check_int(rank, name, minimum=1, maximum=min(m, n))
+
+
+def _draw(sketch, input_dim, size, seed, dtype):
+    """A sketch operator of shape ``(size, input_dim)``: a kind name or a given operator."""
+    if isinstance(sketch, SketchOperator):
+        if sketch.shape != (size, input_dim):
+            raise ValueError(f"sketch must have shape {(size, input_dim)}, got {sketch.shape}")
+        return sketch
+    if not isinstance(sketch, str) or sketch not in SKETCH_KINDS or sketch == "leverage":
+        kinds = sorted(k for k in SKETCH_KINDS if k != "leverage")
+        raise ValueError(f"sketch must be one of {kinds} or a SketchOperator, got {sketch!r}")
+    return make_sketch(sketch, input_dim, size, seed=seed, dtype=dtype)
+
+
+def _times_sketch(A, S):
+    """``A @ S.T`` with ``S`` (``l x n``) generated as a dense ``n x l`` block, the size of the basis,
+    and ``A``'s own product: one GEMM for dense ``A`` (the operators' kernels are built for tall
+    operands; here the operand has ``m >> l`` columns), ``O(nnz l)`` for sparse ``A``."""
+    return np.asarray(_matmat(A, np.asarray(S.to_dense().T, dtype=S.dtype)))
+
+
+def _rmatmat(A, Y):
+    """``A.T @ Y``."""
+    return np.asarray(A.T @ Y) if not isinstance(A, LinearOperator) else A.rmatmat(Y)
+
+
+def _matmat(A, Y):
+    return np.asarray(A @ Y) if not isinstance(A, LinearOperator) else A.matmat(Y)
+
+
+# Cholesky QR is used while cond(Y) <= CHOLQR_MAX_COND: its loss of orthogonality after the first
+# pass is about u cond(Y)^2, which the second pass removes (Yamamoto et al. 2015, CholeskyQR2).
+CHOLQR_MAX_COND = 1e5
+
+
+def _orth(Y):
+    """Orthonormal basis of ``range(Y)``, in ``Y``'s precision.
+
+    CholeskyQR2 (two rounds of ``Y.T Y = R.T R``, ``Y R^-1``: BLAS-3, a few passes over ``Y``) when
+    ``Y`` is well enough conditioned, else Householder QR (LAPACK, whose panels are BLAS-2 and
+    about five times slower on a tall ``Y``).
+    """
+    limit = CHOLQR_MAX_COND if Y.dtype == np.float64 else 1e2
+    Q = Y
+    for _ in range(2):
+        G = Q.T @ Q
+        try:
+            R = scipy.linalg.cholesky(G, lower=False, check_finite=False)
+        except np.linalg.LinAlgError:
+            break
+        if not np.linalg.cond(R) <= limit:  # the l x l triangle's SVD; also catches NaN
+            break
+        # Q R^-1 as R^-T Q.T on the Fortran-ordered view Q.T: trsm in place, no copy of Q.
+        Qt = np.array(Q.T, order="F") if Q is Y else Q.T
+        trsm = scipy.linalg.blas.get_blas_funcs("trsm", (R, Qt))
+        Q = trsm(1.0, R, Qt, side=0, lower=0, trans_a=1, overwrite_b=1).T
+    else:
+        return np.ascontiguousarray(Q)
+    return scipy.linalg.qr(Y, mode="economic", check_finite=False)[0]
+
+
+def _estimate(A, approx, rng, dtype):
+    """HMT (4.3): ``10 sqrt(2/pi) max_i ||(A - A_k) w_i||`` over ``PROBES`` Gaussian ``w_i``.
+
+    ``approx(W, AW)`` returns ``A_k @ W`` (given ``A @ W``, for a projection ``Q Q.T A W``).
+    """
+    W = rng.standard_normal((A.shape[1], PROBES)).astype(dtype, copy=False)
+    AW = _matmat(A, W)
+    R = AW - approx(W, AW)
+    return float(10 * math.sqrt(2 / math.pi) * np.sqrt(np.einsum("ij,ij->j", R, R)).max())
+
+
+# ------------------------------------------------------------------------------------ range finder
+def range_finder(
+    A,
+    rank,
+    *,
+    sketch="sparse_sign",
+    oversample=10,
+    passes=3,
+    method="subspace",
+    tol=None,
+    block_size=10,
+    error_probes=True,
+    seed=None,
+):
+    """An orthonormal basis ``Q`` with ``A ~ Q Q.T A`` (Halko, Martinsson & Tropp 2011).
+
+    Parameters
+    ----------
+    A : ndarray, sparse matrix or LinearOperator of shape (m, n)
+    rank : int
+        Target rank ``k`` (with ``tol``: the largest basis allowed).
+    sketch : str or SketchOperator, default "sparse_sign"
+        The test matrix of the first pass, ``A @ S.T`` (``S`` of shape ``(l, n)``); any kind of
+        :func:`rsketch.make_sketch` but ``"leverage"``. ``"gaussian"`` gives HMT's analysis exactly.
+    oversample : int, default 10
+        ``l = rank + oversample`` columns.
+    passes : int, default 3
+        Products of ``A`` or ``A.T`` with a block: ``passes = 2 q + 1`` is ``q`` rounds of subspace
+        iteration ``(A A.T)^q A S.T``; an even count starts from ``A.T`` (``(A A.T)^q`` applied to
+        ``A @ (A.T @ S.T)``, with ``S`` of shape ``(l, m)``). Each pass is re-orthonormalised (QR),
+        as RandLAPACK and scikit-learn do.
+    method : {"subspace", "block_krylov"}
+        ``"block_krylov"``: the whole Krylov space ``[A S.T, (A A.T) A S.T, ...]`` (blocks of
+        ``l`` columns, orthonormalised together; Musco & Musco 2015), ``l (q + 1)`` columns.
+    tol : float, optional
+        Adaptive: grow the basis by ``block_size`` columns at a time (each block with the same
+        ``passes``) until the error estimate is at most ``tol`` (absolute, spectral norm) or the
+        basis has ``rank`` columns.
+    block_size : int, default 10
+    error_probes : bool, default True
+        Compute ``error_estimate`` (one more pass with 10 Gaussian vectors).
+    seed : None, int, SeedSequence or Generator
+
+    Returns
+    -------
+    RangeFinderResult
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> A = rng.standard_normal((300, 8)) @ rng.standard_normal((8, 200))  # rank 8
+    >>> res = range_finder(A, 8, oversample=2, seed=1)
+    >>> bool(np.linalg.norm(A - res.Q @ (res.Q.T @ A)) < 1e-10 * np.linalg.norm(A))
+    True
+    """
+    A, dtype = _check_matrix(A)
+    m, n = A.shape
+    rank = _check_rank(rank, m, n)
+    oversample = check_int(oversample, "oversample", minimum=0)
+    passes = check_int(passes, "passes", minimum=1)
+    check_option(method, "method", RANGE_METHODS)
+    check_seed(seed)
+    if method == "block_krylov" and passes % 2 == 0:
+        raise ValueError(f"method='block_krylov' needs an odd number of passes (2 q + 1), got {passes}")
+    seeds = seed_sequence(seed).spawn(2)
+    if tol is not None:
+        tol = check_real(tol, "tol")
+        if not tol > 0:
+            raise ValueError(f"tol must be > 0, got {tol}")
+        block_size = check_int(block_size, "block_size", minimum=1)
+        return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
+    width = min(rank + oversample, m, n)
+    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype)
+    est = None
+    if error_probes:
+        est = _estimate(A, lambda W, AW: Q @ (Q.T @ AW), np.random.default_rng(seeds[1]), dtype)
+    return RangeFinderResult(Q, est, passes + (1 if error_probes else 0), method)
+
+
+def _basis(A, width, passes, method, sketch, seed, dtype):
+    m, n = A.shape
+    if passes % 2:
+        Y = _times_sketch(A, _draw(sketch, n, width, seed, dtype))
+        rounds = passes // 2
+    else:
+        Z = _orth(_times_sketch(_transpose(A), _draw(sketch, m, width, seed, dtype)))
+        Y = _matmat(A, Z)
+        rounds = passes // 2 - 1
+    Q = _orth(Y)
+    blocks = [Q]
+    for _ in range(rounds):
+        Z = _orth(_rmatmat(A, blocks[-1]))
+        Q = _orth(_matmat(A, Z))
+        if method == "block_krylov":
+            # Orthogonalise the new block against the space so far twice (CGS2), then together.
+            for _ in range(2):
+                for B in blocks:
+                    Q = Q - B @ (B.T @ Q)
+            Q = _orth(Q)
+        blocks.append(Q)
+    return _orth(np.hstack(blocks)) if method == "block_krylov" else blocks[-1]
+
+
+def _transpose(A):
+    return A.T if not isinstance(A, LinearOperator) else A.adjoint()
+
+
+def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
+    """HMT's blocked adaptive range finder: new blocks until the probe estimate is below ``tol``."""
+    m, n = A.shape
+    rng = np.random.default_rng(seeds[1])
+    W = rng.standard_normal((n, PROBES)).astype(dtype, copy=False)
+    R = _matmat(A, W)  # (I - Q Q.T) A W, kept up to date as Q grows
+    used = 1
+    Q = np.zeros((m, 0), dtype=dtype)
+    scale = 10 * math.sqrt(2 / math.pi)
+    est = scale * float(np.sqrt(np.einsum("ij,ij->j", R, R)).max())
+    children = seeds[0].spawn(max(1, -(-max_rank // block_size)))
+    for child in children:
+        if est <= tol or Q.shape[1] >= max_rank:
+            break
+        b = min(block_size, max_rank - Q.shape[1])
+        Y = _basis(A, b, passes, "subspace", sketch, child, dtype)
+        used += passes
+        for _ in range(2):  # twice is enough (Giraud et al. 2005)
+            Y = Y - Q @ (Q.T @ Y)
+        Y = _orth(Y)
+        Q = np.hstack([Q, Y])
+        R = R - Y @ (Y.T @ R)
+        est = scale * float(np.sqrt(np.einsum("ij,ij->j", R, R)).max())
+    return RangeFinderResult(Q, est, used, "adaptive")
+
+
+# ------------------------------------------------------------------------------------- SVD, eigh
+def svd(
+    A,
+    rank,
+    *,
+    sketch="sparse_sign",
+    oversample=10,
+    passes=3,
+    method="subspace",
+    tol=None,
+    error_probes=True,
+    flip_sign=True,
+    seed=None,
+):
+    """Randomized truncated SVD ``A ~ U diag(s) Vt`` of rank ``rank`` (HMT, section 5.1).
+
+    The range finder (:func:`range_finder`, same parameters) gives ``Q``; then ``B = Q.T A``
+    (one pass), the SVD of the small ``B``, ``U = Q U_B``. With ``flip_sign`` the signs follow
+    scikit-learn's ``svd_flip`` (``u_based_decision``), so results compare with ``randomized_svd``.
+
+    Parameters
+    ----------
+    A : ndarray, sparse matrix or LinearOperator of shape (m, n)
+    rank : int
+    sketch, oversample, passes, method, tol, seed
+        As for :func:`range_finder`.
+    error_probes : bool, default True
+        Estimate ``||A - U diag(s) Vt||_2`` (one more pass).
+    flip_sign : bool, default True
+
+    Returns
+    -------
+    SVDResult
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> A = (rng.standard_normal((500, 60)) * np.exp(-np.arange(60) / 5)) @ rng.standard_normal((60, 80))
+    >>> res = svd(A, 10, seed=0)
+    >>> s = np.linalg.svd(A, compute_uv=False)
+    >>> bool(np.allclose(res.s, s[:10], rtol=1e-6)), bool(res.error_estimate >= s[10])
+    (True, True)
+    """
+    t0 = time.perf_counter()
+    A, dtype = _check_matrix(A)
+    m, n = A.shape
+    rank = _check_rank(rank, m, n)
+    found = range_finder(
+        A,
+        rank,
+        sketch=sketch,
+        oversample=oversample,
+        passes=passes,
+        method=method,
+        tol=tol,
+        error_probes=False,
+        seed=seed,
+    )
+    t1 = time.perf_counter()
+    Q = found.Q
+    B = _rmatmat(A, Q).T  # Q.T A, (l, n)
+    Ub, s, Vt = scipy.linalg.svd(B, full_matrices=False, check_finite=False, lapack_driver="gesdd")
+    k = min(rank, s.size)
+    U = Q @ Ub[:, :k]
+    s, Vt = s[:k], Vt[:k]
+    if flip_sign:
+        # Late: importing scikit-learn costs more than all of rsketch, which loads it only for this.
+        from sklearn.utils.extmath import svd_flip
+
+        U, Vt = svd_flip(U, Vt)
+    t2 = time.perf_counter()
+    est = None
+    if error_probes:
+        rng = np.random.default_rng(seed_sequence(seed).spawn(3)[2])
+        est = _estimate(A, lambda W, AW: U @ (s[:, None] * (Vt @ W)), rng, dtype)
+    t3 = time.perf_counter()
+    passes_used = found.passes + 1 + (1 if error_probes else 0)
+    timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
+    return SVDResult(U, s.astype(dtype, copy=False), Vt, est, passes_used, timings)
+
+
+def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes=True, seed=None):
+    """Randomized eigendecomposition of a symmetric ``A``: the ``rank`` eigenpairs of largest magnitude.
+
+    ``Q`` from :func:`range_finder`, then the eigendecomposition of ``Q.T A Q`` (HMT 5.3, the
+    direct method; one more pass).
+
+    Parameters
+    ----------
+    A : ndarray, sparse matrix or LinearOperator of shape (n, n), symmetric
+        Symmetry is checked for dense and sparse input (``||A - A.T||_F <= 1e-10 ||A||_F``).
+    rank : int
+    sketch, oversample, passes, seed
+        As for :func:`range_finder`.
+    error_probes : bool, default True
+
+    Returns
+    -------
+    EighResult
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> V = np.linalg.qr(rng.standard_normal((200, 5)))[0]
+    >>> A = V @ np.diag([9.0, -7.0, 5.0, 3.0, 1.0]) @ V.T
+    >>> np.round(eigh(A, 3, seed=0).eigenvalues, 10).tolist()
+    [9.0, -7.0, 5.0]
+    """
+    A, dtype = _check_matrix(A)
+    m, n = A.shape
+    if m != n:
+        raise ValueError(f"A must be square for eigh, got shape {A.shape}")
+    if not isinstance(A, LinearOperator):
+        D = A - A.T
+        asym = scipy.sparse.linalg.norm(D) if sp.issparse(D) else np.linalg.norm(D)
+        size = scipy.sparse.linalg.norm(A) if sp.issparse(A) else np.linalg.norm(A)
+        if asym > 1e-10 * size:
+            raise ValueError(f"A must be symmetric: ||A - A.T||_F / ||A||_F = {asym / size:.3g}")
+    rank = _check_rank(rank, m, n)
+    found = range_finder(
+        A, rank, sketch=sketch, oversample=oversample, passes=passes, error_probes=False, seed=seed
+    )
+    Q = found.Q
+    T = Q.T @ _matmat(A, Q)
+    w, Z = scipy.linalg.eigh((T + T.T) / 2, check_finite=False)
+    order = np.argsort(-np.abs(w), kind="stable")[: min(rank, w.size)]
+    w, V = w[order], Q @ Z[:, order]
+    est = None
+    if error_probes:
+        rng = np.random.default_rng(seed_sequence(seed).spawn(3)[2])
+        est = _estimate(A, lambda W, AW: V @ (w[:, None] * (V.T @ W)), rng, dtype)
+    return EighResult(w, V, est, found.passes + 1 + (1 if error_probes else 0))
+
+
+# ------------------------------------------------------------------------------------------ Nyström
+def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
+    """Randomized Nyström approximation of a positive semi-definite ``A`` (numerically stable form).
+
+    Tropp, Yurtsever, Udell & Cevher (2017), Algorithm 3: ``Y = A Omega`` for an orthonormalised
+    test matrix ``Omega`` (``n x l``, from ``sketch``), a shift ``nu = sqrt(n) eps(||Y||)`` added
+    (``Y_nu = Y + nu Omega``), ``C = chol(Omega.T Y_nu)``, the SVD of ``B = Y_nu C^-1`` gives
+    ``U`` and ``Sigma``, and ``Lambda = max(0, Sigma^2 - nu)``. One pass over ``A``.
+
+    Parameters
+    ----------
+    A : ndarray, sparse matrix or LinearOperator of shape (n, n), symmetric positive semi-definite
+    rank : int
+        ``l = rank + oversample`` columns are kept (the approximation has rank at most ``l``).
+    sketch : str or SketchOperator, default "gaussian"
+    oversample : int, default 10
+    seed : None, int, SeedSequence or Generator
+
+    Returns
+    -------
+    NystromResult
+
+    Raises
+    ------
+    ValueError
+        ``A`` is not positive semi-definite: ``Omega.T A Omega`` has a negative eigenvalue beyond
+        rounding (the message gives it).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> G = rng.standard_normal((300, 6)); A = G @ G.T  # PSD, rank 6
+    >>> res = nystrom(A, 6, oversample=2, seed=0)
+    >>> bool(np.linalg.norm(A - res.matvec(np.eye(300))) < 1e-9 * np.linalg.norm(A))
+    True
+    """
+    A, dtype = _check_matrix(A)
+    m, n = A.shape
+    if m != n:
+        raise ValueError(f"A must be square for nystrom, got shape {A.shape}")
+    rank = _check_rank(rank, m, n)
+    oversample = check_int(oversample, "oversample", minimum=0)
+    check_seed(seed)
+    width = min(rank + oversample, n)
+    S = _draw(sketch, n, width, seed_sequence(seed).spawn(1)[0], dtype)
+    Omega = _orth(np.array(S.to_dense().T, dtype=dtype))
+    Y = _matmat(A, Omega)
+    eps = np.finfo(dtype).eps
+    nu = math.sqrt(n) * eps * float(np.linalg.norm(Y, 2))
+    Y_nu = Y + nu * Omega
+    core = Omega.T @ Y_nu
+    core = (core + core.T) / 2
+    try:
+        C = scipy.linalg.cholesky(core, lower=False, check_finite=False)
+    except np.linalg.LinAlgError:
+        w = scipy.linalg.eigvalsh(core - nu * np.eye(width), check_finite=False)
+        raise ValueError(
+            f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} "
+            f"(largest {w[-1]:.3g}); nystrom needs a PSD matrix (use eigh for an indefinite one)"
+        ) from None
+    B = scipy.linalg.solve_triangular(C, Y_nu.T, trans="T", lower=False, check_finite=False).T
+    U, sigma, _ = scipy.linalg.svd(B, full_matrices=False, check_finite=False)
+    lam = np.maximum(sigma**2 - nu, 0.0).astype(dtype, copy=False)
+    return NystromResult(U, lam, nu)

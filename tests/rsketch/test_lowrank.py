@@ -1,0 +1,256 @@
+"""Randomized low-rank approximation against theory and against SciPy/scikit-learn.
+
+HMT = Halko, Martinsson & Tropp, SIAM Review 2011. With a Gaussian test matrix of ``k + p`` columns
+(``p >= 2``), Theorem 10.5 and 10.6 (Proposition 10.1 for the means):
+
+    E ||A - Q Q.T A||_F <= (1 + k / (p - 1))^(1/2) (sum_{j > k} s_j^2)^(1/2)
+    E ||A - Q Q.T A||_2 <= (1 + sqrt(k / (p - 1))) s_{k+1} + e sqrt(k + p) / p (sum_{j > k} s_j^2)^(1/2)
+
+The tests average over 40 fixed seeds and allow a 10% margin for the sample mean (its standard
+deviation is a few percent of the mean at these sizes: HMT 10.3 gives sub-Gaussian tails).
+"""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.linalg.interpolative as sli
+import scipy.sparse as sp
+from scipy.sparse.linalg import aslinearoperator
+from sklearn.utils.extmath import randomized_svd
+
+import rsketch
+from rsketch.linalg import eigh, interpolative, nystrom, qr_pivoted, range_finder, svd
+
+
+def matrix_with_spectrum(m, n, s, seed=0):
+    rng = np.random.default_rng(seed)
+    U = np.linalg.qr(rng.standard_normal((m, len(s))))[0]
+    V = np.linalg.qr(rng.standard_normal((n, len(s))))[0]
+    return (U * s) @ V.T
+
+
+DECAY = 0.8 ** np.arange(40)
+
+
+# ------------------------------------------------------------------------------------------- theory
+def test_hmt_expected_error_bounds_with_gaussian_test_matrices():
+    A = matrix_with_spectrum(300, 120, DECAY, seed=1)
+    k, p = 8, 5
+    tail = np.sqrt(np.sum(DECAY[k:] ** 2))
+    frob, spec = [], []
+    for seed in range(40):
+        Q = range_finder(A, k, oversample=p, passes=1, sketch="gaussian", error_probes=False, seed=seed).Q
+        E = A - Q @ (Q.T @ A)
+        frob.append(np.linalg.norm(E))
+        spec.append(np.linalg.norm(E, 2))
+    frob_bound = np.sqrt(1 + k / (p - 1)) * tail
+    spec_bound = (1 + np.sqrt(k / (p - 1))) * DECAY[k] + np.e * np.sqrt(k + p) / p * tail
+    assert np.mean(frob) <= 1.1 * frob_bound
+    assert np.mean(spec) <= 1.1 * spec_bound
+    # Never better than the rank-(k + p) optimum (Eckart-Young): the test can fail in both directions.
+    l = k + p
+    assert min(frob) >= np.sqrt(np.sum(DECAY[l:] ** 2)) * (1 - 1e-12) and min(spec) >= DECAY[l] * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("kind", ["sparse_sign", "srht", "countsketch", "uniform"])
+def test_every_operator_is_a_test_matrix_as_good_as_gaussian_within_a_factor(kind):
+    # No theorem for these at k + p columns; the embedding property gives the same rate, so the
+    # mean error over seeds stays within 1.5x of the Gaussian bound (observed: 1.0-1.1x).
+    A = matrix_with_spectrum(300, 128, DECAY, seed=2)
+    k, p = 8, 5
+    tail = np.sqrt(np.sum(DECAY[k:] ** 2))
+    errs = [
+        np.linalg.norm(
+            A
+            - (Q := range_finder(A, k, oversample=p, passes=1, sketch=kind, seed=s, error_probes=False).Q)
+            @ (Q.T @ A)
+        )
+        for s in range(20)
+    ]
+    assert np.mean(errs) <= 1.5 * np.sqrt(1 + k / (p - 1)) * tail
+
+
+def test_exact_recovery_of_an_exactly_low_rank_matrix_in_every_input_format():
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((400, 6)) @ rng.standard_normal((6, 150))
+    s_true = np.linalg.svd(A, compute_uv=False)[:6]
+    for X in (A, sp.csr_matrix(A), sp.csc_matrix(A), aslinearoperator(A)):
+        res = svd(X, 6, oversample=2, passes=1, seed=0)
+        np.testing.assert_allclose(res.s, s_true, rtol=1e-10)
+        assert np.linalg.norm(A - (res.U * res.s) @ res.Vt) <= 1e-10 * np.linalg.norm(A)
+        assert res.error_estimate <= 1e-9 * s_true[0]
+
+
+def test_error_estimate_is_an_upper_bound_and_adaptive_meets_tol():
+    A = matrix_with_spectrum(300, 150, 0.7 ** np.arange(60), seed=4)
+    for seed in range(10):
+        res = svd(A, 10, seed=seed)
+        true = np.linalg.norm(A - (res.U * res.s) @ res.Vt, 2)
+        assert true <= res.error_estimate  # fails with probability 1e-10 per draw
+    tol = 1e-6
+    found = range_finder(A, 100, tol=tol, block_size=5, passes=1, seed=0)
+    Q = found.Q
+    assert found.error_estimate <= tol and np.linalg.norm(A - Q @ (Q.T @ A), 2) <= tol
+    assert np.allclose(Q.T @ Q, np.eye(Q.shape[1]), atol=1e-13)
+    # The basis is not much larger than the rank the tolerance needs (0.7^j < 1e-6 from j = 39).
+    assert Q.shape[1] <= 39 + 10 + 10
+
+
+def test_block_krylov_beats_subspace_iteration_at_equal_passes_on_a_slow_decay():
+    s = 1 / np.sqrt(np.arange(1, 201))
+    A = matrix_with_spectrum(600, 200, s, seed=5)
+    k = 10
+    opt = np.sqrt(np.sum(s[k:] ** 2))
+    err = {}
+    for method in ("subspace", "block_krylov"):
+        res = svd(A, k, passes=5, method=method, oversample=5, seed=0)
+        err[method] = np.linalg.norm(A - (res.U * res.s) @ res.Vt) / opt - 1
+    assert 0 <= err["block_krylov"] < err["subspace"]
+
+
+# ---------------------------------------------------------------------------------- against peers
+def test_svd_matches_scikit_learn_randomized_svd_with_its_sign_convention():
+    A = matrix_with_spectrum(500, 80, np.exp(-np.arange(80) / 4), seed=6)
+    # Both are approximations (to about 1e-7 in the vectors here): the same signs, the same numbers.
+    U, s, Vt = randomized_svd(A, 5, random_state=0)
+    res = svd(A, 5, passes=5, seed=0)
+    np.testing.assert_allclose(res.s, s, rtol=1e-10)
+    np.testing.assert_allclose(res.U, U, atol=1e-5)
+    np.testing.assert_allclose(res.Vt, Vt, atol=1e-5)
+    assert np.all(np.einsum("ij,ij->j", res.U, U) > 0.99)
+
+
+def test_float32_stays_float32_and_sparse_is_not_densified():
+    A = matrix_with_spectrum(300, 100, DECAY, seed=7).astype(np.float32)
+    res = svd(A, 5, seed=0)
+    assert res.U.dtype == res.s.dtype == res.Vt.dtype == np.float32
+    np.testing.assert_allclose(res.s, np.linalg.svd(A.astype(np.float64), compute_uv=False)[:5], rtol=1e-4)
+    # A sparse matrix with a decaying spectrum (columns scaled by 1 / (j + 1)).
+    X = sp.random(5000, 2000, density=1e-3, format="csr", random_state=0) @ sp.diags(1 / np.arange(1, 2001))
+    X = sp.csr_matrix(X)
+
+    class NoDense(sp.csr_matrix):
+        def toarray(self, *a, **k):  # pragma: no cover - the test fails if it is called
+            raise AssertionError("densified")
+
+        todense = toarray
+
+    res = svd(NoDense(X), 5, seed=0)
+    ref = scipy.sparse.linalg.svds(X, 5, random_state=0)[1][::-1]
+    assert np.all(res.s <= ref * (1 + 1e-12)) and np.all(res.s >= (1 - 1e-3) * ref)
+
+
+def test_eigh_of_an_indefinite_matrix_takes_the_largest_magnitudes():
+    rng = np.random.default_rng(8)
+    V = np.linalg.qr(rng.standard_normal((300, 30)))[0]
+    w = np.concatenate([[10.0, -9.0, 8.0, -7.0], 0.5 ** np.arange(26)])
+    A = (V * w) @ V.T
+    res = eigh(A, 4, passes=3, seed=0)
+    np.testing.assert_allclose(res.eigenvalues, [10.0, -9.0, 8.0, -7.0], rtol=1e-10)
+    approx = (res.eigenvectors * res.eigenvalues) @ res.eigenvectors.T
+    assert np.linalg.norm(A - approx, 2) <= res.error_estimate
+    with pytest.raises(ValueError, match="must be symmetric"):
+        eigh(A + np.triu(A, 1), 2)
+
+
+# ------------------------------------------------------------------------------------------ Nyström
+def test_nystrom_error_against_its_bound_and_exact_recovery():
+    # Tropp, Yurtsever, Udell & Cevher (2017), Theorem 4.1 with a Gaussian test matrix of l columns:
+    # E ||A - A_nys||_* <= (1 + k / (l - k - 1)) sum_{j > k} lambda_j, for 2 <= k < l - 1.
+    rng = np.random.default_rng(9)
+    V = np.linalg.qr(rng.standard_normal((300, 60)))[0]
+    lam = 0.8 ** np.arange(60)
+    A = (V * lam) @ V.T
+    k, ell = 8, 16
+    errs = []
+    for seed in range(30):
+        res = nystrom(A, ell, oversample=0, seed=seed)
+        errs.append(np.sum(np.abs(np.linalg.eigvalsh(A - res.matvec(np.eye(300))))))
+    assert np.mean(errs) <= 1.1 * (1 + k / (ell - k - 1)) * np.sum(lam[k:])
+    G = rng.standard_normal((300, 5))
+    exact = nystrom(G @ G.T, 5, oversample=3, seed=0)
+    assert np.linalg.norm(G @ G.T - exact.matvec(np.eye(300))) <= 1e-10 * np.linalg.norm(G @ G.T)
+    assert np.all(exact.eigenvalues >= 0)
+
+
+def test_nystrom_refuses_a_matrix_that_is_not_psd_with_the_eigenvalue():
+    A = np.diag([3.0, 2.0, -1.0, 0.5])
+    with pytest.raises(ValueError, match=r"not positive semi-definite.*eigenvalue -"):
+        nystrom(A, 3, oversample=1, seed=0)
+
+
+# --------------------------------------------------------------------------------------------- CQRRPT
+def test_cqrrpt_is_a_stable_rank_revealing_qr_with_householders_r():
+    rng = np.random.default_rng(10)
+    A = rng.standard_normal((5000, 60)) * np.logspace(0, -10, 60)
+    res = qr_pivoted(A, seed=0)
+    assert res.rank == 60
+    assert np.linalg.norm(A[:, res.perm] - res.Q @ res.R) <= 1e-15 * 10 * np.linalg.norm(A)
+    assert np.linalg.norm(res.Q.T @ res.Q - np.eye(60), 2) <= 1e-14
+    # R equals Householder QR's R of A[:, perm] up to the signs of its rows, to rounding (relative to
+    # each row's size, the triangle's rows span 10 orders of magnitude).
+    R_h = scipy.linalg.qr(A[:, res.perm], mode="r")[0][:60]
+    rows = np.linalg.norm(R_h, axis=1, keepdims=True)
+    assert np.max(np.abs(np.abs(res.R) - np.abs(R_h)) / rows) <= 1e-10
+    # Rank-revealing: the diagonal tracks the singular values within the sketch's distortion and
+    # QRCP's own factor (Melnichenko et al., Theorem 2: within sqrt((1+eps)/(1-eps)) of QRCP's).
+    sv = np.linalg.svd(A, compute_uv=False)
+    ratio = np.abs(np.diag(res.R)) / sv
+    assert 1 / 50 <= ratio.min() and ratio.max() <= 50
+
+
+def test_cqrrpt_detects_the_numerical_rank_and_pivots_like_qrcp():
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((3000, 7)) @ rng.standard_normal((7, 40))
+    res = qr_pivoted(A, seed=0)
+    assert res.rank == 7
+    assert np.linalg.norm(A[:, res.perm] - res.Q @ res.R) <= 1e-13 * np.linalg.norm(A)
+    _, _, P = scipy.linalg.qr(A, mode="economic", pivoting=True)
+    # The skeletons both span range(A): the 7 pivots of either are independent columns.
+    for cols in (res.perm[:7], P[:7]):
+        assert np.linalg.matrix_rank(A[:, cols]) == 7
+
+
+def test_interpolative_against_scipy_interpolative():
+    rng = np.random.default_rng(12)
+    A = rng.standard_normal((2000, 50)) * 0.5 ** np.arange(50)
+    k = 20
+    ours = interpolative(A, k, seed=0)
+    err = np.linalg.norm(A - ours.skeleton(A) @ ours.interpolation_matrix(), 2)
+    idx, proj = sli.interp_decomp(A, k, rand=False)
+    B = A[:, idx[:k]]
+    P = np.hstack([np.eye(k), proj])[:, np.argsort(idx)]
+    err_scipy = np.linalg.norm(A - B @ P, 2)
+    assert err <= 3 * err_scipy
+    assert err >= 0.5**k * 0.5  # at least s_{k+1}, within rounding: the test can fail
+
+
+# ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda A: svd(A, 0), "rank must be >= 1"),
+        (lambda A: svd(A, 31), "rank must be <= 30"),
+        (lambda A: svd(A, 3, method="lanczos"), "method must be one of"),
+        (lambda A: svd(A, 3, passes=0), "passes must be >= 1"),
+        (lambda A: svd(A, 3, passes=2, method="block_krylov"), "odd number of passes"),
+        (lambda A: svd(A, 3, sketch="leverage"), "sketch must be one of"),
+        (lambda A: range_finder(A, 3, tol=-1.0), "tol must be > 0"),
+        (lambda A: qr_pivoted(A.T), "must be tall"),
+        (lambda A: interpolative(A, 0), "rank must be >= 1"),
+        (lambda A: nystrom(A, 3), "must be square"),
+        (lambda A: svd(np.where(A > 2, np.nan, A), 3), "NaN or infinite"),
+        (lambda A: qr_pivoted(np.where(A > 2, np.inf, A)), "NaN or infinite"),
+        (lambda A: svd(A.astype(complex), 3), "real"),
+        (lambda A: svd(np.zeros((0, 3)), 1), "empty"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(call, match):
+    A = np.random.default_rng(0).standard_normal((100, 30))
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(A)
+
+
+def test_low_rank_names_are_public():
+    for name in ("range_finder", "svd", "eigh", "nystrom", "qr_pivoted", "interpolative"):
+        assert getattr(rsketch, name) is getattr(rsketch.linalg, name)

@@ -81,6 +81,7 @@ def _dense_rows(report, grid, conds, repeats, target):
                     "numpy_s": t_np,
                     "speedup_vs_gelsy": t_gelsy / t_ours,
                     "iters": ours.iterations,
+                    "inner": ours.log.inner,
                     "sketch_s": ours.log.sketch,
                     "factor_s": ours.log.factor,
                     "iterate_s": ours.log.iterate,

@@ -66,3 +66,15 @@ def check_same_library(**arrays) -> str:
             "compute on the CPU"
         )
     return next(iter(libs.values()), "numpy")
+
+
+def is_device_sparse(a) -> bool:
+    """True for a ``cupyx.scipy.sparse`` matrix (sparse data on the GPU); never imports CuPy.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> is_device_sparse(sp.eye(3, format="csr"))
+    False
+    """
+    return type(a).__module__.startswith("cupyx.scipy.sparse")

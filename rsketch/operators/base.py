@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
-from rsketch._backend import array_namespace, numpy_namespace
+from rsketch._backend import array_namespace, is_device_sparse, numpy_namespace
 from rsketch._random import key_from_seed
 from rsketch._validation import (
     MAX_INDEX,
@@ -194,6 +194,10 @@ class SketchOperator:
             from rsketch.dask._sketch import sketch_dask
 
             return sketch_dask(self, A)
+        if is_device_sparse(A):  # a cupyx.scipy.sparse matrix: on the GPU
+            from rsketch.kernels.cuda import sketch_apply_sparse
+
+            return sketch_apply_sparse(self, A)
         A, is_vector = check_operand(
             A,
             self.input_dim,

@@ -80,6 +80,36 @@ OPERATOR_CASES = [
 ]
 BITWISE = {name for name, *_ in OPERATOR_CASES if not name.startswith(("gaussian", "srdct"))}
 
+# CSR input (cupyx.scipy.sparse on a GPU; SciPy's CSR stands in for it in the simulator).
+CSR_CASES = [
+    ("countsketch", lambda n: rsketch.CountSketch(n, 11, seed=1), "float64"),
+    ("sparse_sign_f32", lambda n: rsketch.SparseSign(n, 12, seed=2, nnz_per_column=3), "float32"),
+    ("srht", lambda n: rsketch.SRHT(n, 9, seed=3), "float64"),
+    ("srdct", lambda n: rsketch.SRDCT(n, 9, seed=4), "float64"),
+    ("uniform", lambda n: rsketch.UniformSampling(n, 20, seed=5), "float64"),
+    (
+        "leverage_f32",
+        lambda n: rsketch.LeverageSampling(n, 15, seed=6, scores=np.linspace(0.1, 2.0, n)),
+        "float32",
+    ),
+    ("gaussian", lambda n: rsketch.GaussianSketch(n, 10, seed=7), "float64"),
+]
+CSR_SHAPE = (90, 5)
+
+
+def csr_operand(dtype):
+    """A 90 x 5 CSR matrix with empty rows and, in row 0, column 2 stored twice (not canonical)."""
+    import scipy.sparse as sp
+
+    A = sp.random(*CSR_SHAPE, density=0.3, format="csr", random_state=1, dtype=np.float64)
+    A = (sp.diags((np.arange(CSR_SHAPE[0]) != 5).astype(np.float64)) @ A).tocsr()  # row 5 empty
+    A.eliminate_zeros()
+    data = np.concatenate([[0.5, 0.25], A.data[A.indptr[1] :]]).astype(dtype)
+    indices = np.concatenate([[2, 2], A.indices[A.indptr[1] :]]).astype(np.int32)
+    indptr = np.concatenate([[0], A.indptr[1:] - A.indptr[1] + 2])
+    return sp.csr_matrix((data, indices, indptr), shape=CSR_SHAPE)
+
+
 GAUSS = {"start": 5, "stop": 21, "r": 1024}  # 16384 normals: wedges and a few tail attempts
 # Shared-memory levels only; one radix-2 level above them; one radix-4 pass above them (8192 is also
 # past the CPU's 4096-value blocks); and a column-major array (no shared-memory levels, rows interleaved).
@@ -127,6 +157,11 @@ def simulate(outdir: pathlib.Path) -> None:
         res[f"indices_{count}_{bound}"] = ck.uniform_indices(KEY[0], KEY[1], count, bound, STREAM_SAMPLE)
     for name, make, n, k, dtype, order in OPERATOR_CASES:
         res[f"apply_{name}"] = device_apply.sketch_apply(make(n), operand(n, k, dtype, order))
+    from rsketch.kernels.cuda import apply_checked_sparse, check_device_csr
+
+    for name, make, dtype in CSR_CASES:
+        A = check_device_csr(csr_operand(dtype), CSR_SHAPE[0])
+        res[f"csr_{name}"] = apply_checked_sparse(make(CSR_SHAPE[0]), A, device_apply.sketch_apply_sparse)
     # Several passes over the rows (sparse) and several column groups (SRHT): the same bits.
     ck._SPARSE_PASS_NONZEROS = 40
     res["apply_sparse_passes"] = device_apply.sketch_apply(
@@ -230,6 +265,20 @@ def test_sparse_products_are_bitwise_over_passes_and_groups(sim):
     )
 
 
+@pytest.mark.parametrize("case", CSR_CASES, ids=lambda c: c[0])
+def test_device_csr_product_matches_cpu(sim, case):
+    name, make, dtype = case
+    A = csr_operand(dtype)
+    assert not A.has_canonical_format  # the device path must sum the duplicates as the CPU does
+    ref = make(CSR_SHAPE[0]) @ A
+    got = sim[f"csr_{name}"]
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    if name.startswith(("gaussian", "srdct")):
+        assert np.linalg.norm(got - ref) <= 1e-12 * np.linalg.norm(ref)
+    else:
+        np.testing.assert_array_equal(got, ref)
+
+
 # --------------------------------------------------------------------------- PTX for a real GPU
 def compile_all() -> None:
     """Compile every kernel to PTX for sm_80 (a process without the simulator, and without a GPU)."""
@@ -267,6 +316,11 @@ def compile_all() -> None:
             kernel.py_func, (i64, vec(i64), vec(i64), vec(f64), mat(ft, "A"), i64, mat(ft)), cc=(8, 0)
         )
         compiled.append(f"bucket_sum[{dtype}]")
+    for dtype, kernel in ck._bucket_scatter_csr.items():
+        ft = from_dtype(dtype)
+        sig = (i64, vec(i64), vec(i64), vec(f64), vec(nt.int32), vec(nt.int32), vec(ft), i64, mat(ft))
+        cuda.compile_ptx(kernel.py_func, sig, cc=(8, 0))
+        compiled.append(f"bucket_scatter_csr[{dtype}]")
     for dtype, kernel in ck._fwht_shared.items():
         cuda.compile_ptx(kernel.py_func, (mat(from_dtype(dtype)), i64), cc=(8, 0))
         compiled.append(f"fwht_shared[{dtype}]")
@@ -338,6 +392,28 @@ def test_mixing_device_and_host_arrays_is_a_type_error():
     with pytest.raises(TypeError, match="cupy.asarray"):
         check_same_library(A=np.ones(3), B=device_like)
     assert check_same_library(X=np.ones(2), y=None) == "numpy"
+
+
+def test_device_csr_checks():
+    import scipy.sparse as sp
+
+    from rsketch.kernels.cuda import apply_checked_sparse, check_device_csr
+
+    A = csr_operand("float64")
+    with pytest.raises(ValueError, match=r"A must have 91 rows \(the sketch's input_dim\)"):
+        check_device_csr(A, 91)
+    with pytest.raises(TypeError, match="A must be real-valued"):
+        check_device_csr(A.astype(np.complex128), 90)
+    with pytest.raises(ValueError, match="A is empty"):
+        check_device_csr(sp.csr_matrix((0, 3)), 0)
+    before = A.data.copy()
+    canonical = check_device_csr(A, 90)
+    assert canonical.has_canonical_format and np.array_equal(A.data, before)  # the caller's matrix untouched
+    B = A.copy()
+    B.data[3] = np.nan
+    for S in (rsketch.CountSketch(90, 5, seed=0), rsketch.UniformSampling(90, 90, seed=0, replace=False)):
+        with pytest.raises(ValueError, match="A contains NaN"):
+            apply_checked_sparse(S, check_device_csr(B, 90), lambda S, A: S @ A)
 
 
 def test_unknown_kind_has_no_device_kernel():

@@ -113,3 +113,20 @@ def test_non_finite_input_is_a_value_error(cp, kind):
         A[:, 1] = np.nan
     with pytest.raises(ValueError, match="A contains NaN"):
         S @ cp.asarray(A)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_device_csr_product_matches_cpu(cp, kind):
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    n = 10_000
+    A = sp.random(n, 6, density=0.2, format="csr", random_state=0, dtype=np.float64)
+    S = KINDS[kind](n)
+    got = S @ csp.csr_matrix(A)
+    assert isinstance(got, cp.ndarray) and got.shape == (500, 6)
+    ref = S @ A
+    if kind in BITWISE:
+        np.testing.assert_array_equal(cp.asnumpy(got), ref)
+    else:
+        assert np.linalg.norm(cp.asnumpy(got) - ref) <= 1e-12 * np.linalg.norm(ref)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 
+from rsketch._validation import _float_dtype_for, check_finite
+
 _INSTALL = "install the GPU extra: pip install 'rsketch[gpu]' (CuPy and numba-cuda)"
 
 
@@ -73,3 +75,57 @@ def sketch_apply(S, A):
     require_gpu()
     apply = importlib.import_module("rsketch.kernels.cuda.apply")
     return apply.sketch_apply(S, A)
+
+
+def check_device_csr(A, rows: int):
+    """``A`` (a ``cupyx.scipy.sparse`` matrix, or SciPy's in the simulator) as canonical CSR of float32/64.
+
+    The checks of ``rsketch._validation.check_operand`` for device sparse input: ``rows`` rows, not empty,
+    real dtype (integers become float64); duplicates are summed on a copy, never in the caller's matrix.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.csr_matrix(([1, 2], [1, 1], [0, 2]), shape=(1, 2))  # column 1 stored twice, int64
+    >>> check_device_csr(A, 1).toarray()
+    array([[0., 3.]])
+    """
+    if A.shape[0] != rows:
+        raise ValueError(f"A must have {rows} rows (the sketch's input_dim), got shape {A.shape}")
+    if 0 in A.shape:
+        raise ValueError(f"A is empty (shape {A.shape}); expected at least one row and column")
+    dtype = _float_dtype_for(A.dtype, "A")
+    A = A.tocsr()
+    A = A.astype(dtype) if A.dtype != dtype else A
+    if not A.has_canonical_format:
+        A = A.copy()
+        A.sum_duplicates()
+    return A
+
+
+def sketch_apply_sparse(S, A):
+    """``S @ A`` for a ``cupyx.scipy.sparse`` matrix ``A``, computed on the device (a dense CuPy array).
+
+    ``NaN``/``inf`` in ``A`` raise ``ValueError`` as on the CPU: sampling sketches scan ``A`` first
+    (they read only some rows); the others scan it only when the output is not finite.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, rsketch
+    >>> S = rsketch.CountSketch(100, 10, seed=0)
+    >>> (S @ sp.eye(100, 3, format="csr")).shape  # SciPy input stays on the CPU; cupyx input comes here
+    (10, 3)
+    """
+    require_gpu()
+    apply = importlib.import_module("rsketch.kernels.cuda.apply")
+    return apply_checked_sparse(S, check_device_csr(A, S.input_dim), apply.sketch_apply_sparse)
+
+
+def apply_checked_sparse(S, A, apply):
+    """``apply(S, A)`` with the finiteness rule of ``SketchOperator.__matmul__`` (``A`` already checked)."""
+    if not S._nonfinite_propagates:
+        check_finite(A.data, "A")
+    out = apply(S, A)
+    if S._nonfinite_propagates and not bool((abs(out) < float("inf")).all()):
+        check_finite(A.data, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
+    return out

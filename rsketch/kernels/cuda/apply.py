@@ -19,6 +19,7 @@ from rsketch.kernels.cuda.kernels import (
     gather_rows,
     gaussian_columns,
     lane_signs,
+    sparse_apply_csr,
     sparse_apply_dense,
     srht_apply,
     uniform_indices,
@@ -105,3 +106,75 @@ def sketch_apply(S, A):
             f"{type(S).__name__} (kind {S.kind!r}) has no GPU kernels; apply it to a NumPy array"
         ) from None
     return apply(S, A, array_module(A))
+
+
+# ----------------------------------------------------------------------------- sparse input (CSR)
+def _gaussian_csr(S, A, xp):
+    n, r = S.input_dim, S.sketch_size
+    X = xp.asarray(ZIG_X)
+    out = xp.zeros((A.shape[1], r), dtype=np.float64)  # (S @ A).T, from A.T @ S.T by cuSPARSE
+    step = max(1, _GAUSS_BLOCK_ENTRIES // r)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        G = xp.empty((b - a, r), dtype=np.float64)
+        gaussian_columns(S.key[0], S.key[1], a, b, r, STREAM_GAUSS, G, X)
+        out += A[a:b].T.astype(np.float64) @ G
+    out *= 1.0 / math.sqrt(r)
+    return out.T.astype(A.dtype)
+
+
+def _sparse_csr(S, A, xp):
+    n, k = A.shape
+    acc = xp.zeros((S.sketch_size, k), dtype=A.dtype)
+    sparse_apply_csr(
+        S.key[0],
+        S.key[1],
+        S.nnz_per_column,
+        S.sketch_size,
+        STREAM_ROW,
+        A.indptr,
+        A.indices,
+        A.data,
+        n,
+        k,
+        acc,
+    )
+    return (acc.astype(np.float64) * (1.0 / math.sqrt(S.nnz_per_column))).astype(A.dtype)
+
+
+def _transform_csr(S, A, xp):
+    return _APPLY[S.kind](S, A.toarray(), xp)  # the transform mixes all rows: densified, as on the CPU
+
+
+def _sampling_csr(S, A, xp):
+    r = S.sketch_size
+    if S.kind == "uniform" and S.replace:
+        idx = uniform_indices(S.key[0], S.key[1], r, S.input_dim, STREAM_SAMPLE, xp)
+    else:
+        idx = xp.asarray(S.indices())
+    out = A[idx].toarray()
+    out *= xp.asarray(S.scales().astype(A.dtype))[:, None]
+    return out
+
+
+_APPLY_CSR = {
+    "gaussian": _gaussian_csr,
+    "sparse_sign": _sparse_csr,
+    "countsketch": _sparse_csr,
+    "srht": _transform_csr,
+    "srdct": _transform_csr,
+    "uniform": _sampling_csr,
+    "leverage": _sampling_csr,
+}
+
+
+def sketch_apply_sparse(S, A):
+    """``S @ A`` for a checked, canonical CSR matrix ``A`` on the device (``cupyx.scipy.sparse``; SciPy's in
+    the simulator): a dense array of the device's namespace and A's dtype."""
+    try:
+        apply = _APPLY_CSR[S.kind]
+    except KeyError:
+        raise NotImplementedError(
+            f"{type(S).__name__} (kind {S.kind!r}) has no GPU kernels; apply it to a NumPy array"
+        ) from None
+    return apply(S, A, array_module(A.data))

@@ -186,6 +186,47 @@ def sparse_apply_dense(k0, k1, s, r, stream, A, acc):
         kernel[_grid(r * k)](s, order, starts, signs.reshape(-1), A, j0, acc)
 
 
+def _make_bucket_scatter_csr(ftype):
+    @cuda.jit
+    def bucket_scatter_csr(s, order, starts, signs, indptr, indices, data, j0, acc):
+        # Thread i owns output row i: for each nonzero of bucket i, in ascending j, it adds sign * A[j]
+        # (the stored entries of CSR row j) into acc[i]; the CPU's CSR kernel adds in this order.
+        i = cuda.grid(1)
+        while i < acc.shape[0]:
+            for p in range(starts[i], starts[i + 1]):
+                f = order[p]
+                j = j0 + f // s
+                sg = ftype(signs[f])
+                for q in range(indptr[j], indptr[j + 1]):
+                    acc[i, indices[q]] += sg * data[q]
+            i += cuda.gridsize(1)
+
+    return bucket_scatter_csr
+
+
+_bucket_scatter_csr = {
+    np.dtype(np.float32): _make_bucket_scatter_csr(np.float32),
+    np.dtype(np.float64): _make_bucket_scatter_csr(np.float64),
+}
+
+
+def sparse_apply_csr(k0, k1, s, r, stream, indptr, indices, data, n, k, acc):
+    """``acc += unscaled S @ A`` for a canonical CSR (n, k) ``A`` (sorted, unique indices), as the CPU kernel.
+
+    The passes, hashing and sort of :func:`sparse_apply_dense`; one thread per output row adds the
+    stored entries of its bucket's rows in ascending row order (the CPU kernel's order while it uses one
+    chunk).
+    """
+    xp = array_module(data)
+    kernel = _bucket_scatter_csr[np.dtype(data.dtype)]
+    step = max(1, _SPARSE_PASS_NONZEROS // s)
+    for j0 in range(0, n, step):
+        m = min(n, j0 + step) - j0
+        rows, signs = sparse_pattern(k0, k1, j0, j0 + m, s, r, stream, xp)
+        order, starts = bucket_order(rows.reshape(-1), r, xp)
+        kernel[_grid(r)](s, order, starts, signs.reshape(-1), indptr, indices, data, j0, acc)
+
+
 # ------------------------------------------------------------------------------------- FWHT / SRHT
 # The transform of a row of N values makes log2(N) passes over it in global memory, level by level;
 # two cuts: the first levels (blocks of up to 2048 values) run in shared memory, one read and one write

@@ -209,7 +209,10 @@ def _rmatmat(A, Y):
     return np.asarray(A.T @ Y) if not isinstance(A, LinearOperator) else A.rmatmat(Y)
 
 
-def _matmat(A, Y):
+def _matmat(A, Y, out=None):
+    """``A @ Y``, into ``out`` (``m x l``, C-ordered) where ``A`` is a dense array."""
+    if isinstance(A, np.ndarray) and out is not None:
+        return np.matmul(A, Y, out=out)
     return np.asarray(A @ Y) if not isinstance(A, LinearOperator) else A.matmat(Y)
 
 
@@ -219,29 +222,28 @@ CHOLQR_MAX_COND = 1e5
 
 
 def _orth(Y):
-    """Orthonormal basis of ``range(Y)``, in ``Y``'s precision.
+    """Orthonormal basis of ``range(Y)``, in ``Y``'s precision; overwrites ``Y`` (a temporary).
 
-    CholeskyQR2 (two rounds of ``Y.T Y = R.T R``, ``Y R^-1``: BLAS-3, a few passes over ``Y``) when
-    ``Y`` is well enough conditioned, else Householder QR (LAPACK, whose panels are BLAS-2 and
-    about five times slower on a tall ``Y``).
+    CholeskyQR2 (two rounds of ``Y.T Y = R.T R``, ``Y R^-1``: BLAS-3, in place) when ``Y`` is well
+    enough conditioned, else Householder QR (LAPACK, whose panels are BLAS-2 and about ten times
+    slower on a tall ``Y``). In place because a fresh ``m x l`` array costs its page faults, which
+    on the machines measured took longer than the products themselves.
     """
     limit = CHOLQR_MAX_COND if Y.dtype == np.float64 else 1e2
-    Q = Y
+    Y = np.ascontiguousarray(Y)
     for _ in range(2):
-        G = Q.T @ Q
         try:
-            R = scipy.linalg.cholesky(G, lower=False, check_finite=False)
+            R = scipy.linalg.cholesky(Y.T @ Y, lower=False, check_finite=False)
         except np.linalg.LinAlgError:
             break
         if not np.linalg.cond(R) <= limit:  # the l x l triangle's SVD; also catches NaN
             break
-        # Q R^-1 as R^-T Q.T on the Fortran-ordered view Q.T: trsm in place, no copy of Q.
-        Qt = np.array(Q.T, order="F") if Q is Y else Q.T
-        trsm = scipy.linalg.blas.get_blas_funcs("trsm", (R, Qt))
-        Q = trsm(1.0, R, Qt, side=0, lower=0, trans_a=1, overwrite_b=1).T
+        # Y R^-1 as R^-T Y.T on the Fortran-ordered view Y.T: trsm writes into Y.
+        trsm = scipy.linalg.blas.get_blas_funcs("trsm", (R, Y))
+        trsm(1.0, R, Y.T, side=0, lower=0, trans_a=1, overwrite_b=1)
     else:
-        return np.ascontiguousarray(Q)
-    return scipy.linalg.qr(Y, mode="economic", check_finite=False)[0]
+        return Y
+    return scipy.linalg.qr(Y, mode="economic", overwrite_a=True, check_finite=False)[0]
 
 
 def _estimate(A, approx, rng, dtype):
@@ -344,19 +346,20 @@ def _basis(A, width, passes, method, sketch, seed, dtype):
         Z = _orth(_times_sketch(_transpose(A), _draw(sketch, m, width, seed, dtype)))
         Y = _matmat(A, Z)
         rounds = passes // 2 - 1
-    Q = _orth(Y)
-    blocks = [Q]
+    blocks = [_orth(Y)]
     for _ in range(rounds):
         Z = _orth(_rmatmat(A, blocks[-1]))
-        Q = _orth(_matmat(A, Z))
-        if method == "block_krylov":
-            # Orthogonalise the new block against the space so far twice (CGS2), then together.
-            for _ in range(2):
-                for B in blocks:
-                    Q = Q - B @ (B.T @ Q)
-            Q = _orth(Q)
-        blocks.append(Q)
-    return _orth(np.hstack(blocks)) if method == "block_krylov" else blocks[-1]
+        if method == "subspace":
+            blocks = [_orth(_matmat(A, Z, out=blocks[-1]))]  # the last block's memory is free now
+            continue
+        Y = _matmat(A, Z)
+        # The new block orthogonalised against the space so far twice (CGS2), then within itself:
+        # the blocks together are orthonormal to O(u) and need no final QR.
+        for _ in range(2):
+            for B in blocks:
+                Y -= B @ (B.T @ Y)
+        blocks.append(_orth(Y))
+    return blocks[0] if len(blocks) == 1 else np.hstack(blocks)
 
 
 def _transpose(A):

@@ -83,6 +83,11 @@ def _gram_matrix_part(Xb):
     return _finite(Xb, Xb.T @ Xb)[0]
 
 
+def _normal_part(Xb, Yb):
+    Xb = np.ascontiguousarray(Xb, dtype=np.float64)
+    return _finite(Xb, Xb.T @ Xb, Xb.T @ Yb)
+
+
 def _product_part(Xb, B):
     return _finite(Xb, Xb @ B)[0]
 
@@ -111,6 +116,7 @@ class DaskDesign:
         self.shape = X.shape
         self.passes = 0
         self._y = (None, None)
+        self._normal = None
 
     def _blocks(self):
         return self.X.to_delayed().ravel()
@@ -142,8 +148,38 @@ class DaskDesign:
         parts = self._run(_gram_part, self._blocks(), args=(np.ascontiguousarray(V),))
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
+    def sketch_with_normal_equations(self, S, Y):
+        """``S @ X`` and, in the same pass (one graph: each chunk read once), ``X.T X`` and ``X.T Y``.
+
+        Over a store whose reads cost more than the arithmetic (Zarr, ``.npy`` on disk), the Gram solves
+        of :func:`rsketch.linalg._precondition.refine` then need no pass of their own, and its first
+        gradient comes from them (:meth:`normal_equations`).
+        """
+        import dask
+
+        normal = dask.delayed(_normal_part, pure=True)
+        parts = [normal(Xb, Yb) for Xb, Yb in zip(self._blocks(), self._y_blocks(Y), strict=True)]
+        self.passes += 1
+        try:
+            SX, parts = dask.compute(S @ self.X, parts)
+        except ValueError as exc:  # the sketch's check names its operand A; here it is X
+            if "NaN or infinite" not in str(exc):
+                raise
+            raise ValueError("X contains NaN or infinite values") from exc
+        G = sum(part[0] for part in parts)
+        self._normal = ((G + G.T) / 2, sum(part[1] for part in parts), Y)
+        return np.asarray(SX)
+
+    def normal_equations(self, Y):
+        """``(X.T X, X.T Y)`` if :meth:`sketch_with_normal_equations` computed them for ``Y``, else None."""
+        if self._normal is None or self._normal[2] is not Y:
+            return None
+        return self._normal[:2]
+
     def gram_matrix(self):
-        """``X.T @ X``, summed over the row chunks in order."""
+        """``X.T @ X``, summed over the row chunks in order (from the sketch's pass when it gave it)."""
+        if self._normal is not None:
+            return self._normal[0]
         G = sum(self._run(_gram_matrix_part, self._blocks()))
         return (G + G.T) / 2
 

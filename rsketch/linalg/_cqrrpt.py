@@ -145,6 +145,7 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     3. Cholesky QR of it in one round: ``A_pre.T A_pre = R_pre.T R_pre``, ``Q = A_pre R_pre^-1``,
        orthonormal to ``O(u)`` (the Gram's condition number is ``O(1)``), and
        ``R = R_pre R_sk[:k, :]``.
+
     The pivots are those of QRCP on the sketch, which Melnichenko et al. show rank-revealing for
     ``A`` within the embedding's distortion, and ``R`` equals Householder QR's ``R`` of
     ``A[:, perm]`` up to the signs of its rows and rounding. ``Q`` costs one ``m x k`` array.

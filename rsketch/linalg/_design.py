@@ -52,6 +52,10 @@ class Design:
         T = np.asarray(X @ V)
         return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
 
+    def normal_equations(self, Y):
+        """None: in memory ``X.T Y`` is no cheaper than the first gradient pass (see ``DaskDesign``)."""
+        return None
+
     def gram_matrix(self):
         """``X.T @ X`` (dense ``X``): LAPACK's ``syrk`` over row blocks, read in place."""
         X = self.X

@@ -11,6 +11,7 @@ from rsketch._validation import LSTSQ_INNER_SOLVERS, LSTSQ_METHODS, check_int, c
 from rsketch.linalg._common import column_norms, design_for, resolve_sketch, validate_problem
 from rsketch.linalg._ihs import ihs
 from rsketch.linalg._precondition import (
+    GRAM_MAX_P,
     choose_inner,
     default_max_iter,
     refine,
@@ -168,7 +169,15 @@ def lstsq(
             warn_not_converged(method, iterations, log.gradient_norms[-1], tol)
     else:
         t0 = time.perf_counter()
-        X, SX, x_shift = sketch_design(S, X)
+        design = design_for(X)
+        # Where Gram solves may be taken and X's reads cost more than its arithmetic (Dask), the
+        # sketch's pass also gives X.T X and X.T y.
+        prefetch = method == "precondition" and inner_solver != "cg" and p <= GRAM_MAX_P
+        prefetch = prefetch and hasattr(design, "sketch_with_normal_equations")
+        first = (lambda S, X: design.sketch_with_normal_equations(S, Y)) if prefetch else None
+        X, SX, x_shift = sketch_design(S, X, first_pass=first)
+        if x_shift:  # rescaled: products of the new X
+            design = design_for(X)
         SY = S @ Y
         t1 = time.perf_counter()
         factor = sketched_factor(SX, SY)
@@ -179,13 +188,11 @@ def lstsq(
         log.sketch, log.factor, log.presolve = t1 - t0, t2 - t1, t3 - t2
         if method == "sketch_and_solve":
             iterations, converged = 0, True
-            design = design_for(X)
             rnorm = _residual_norms(design, Y, coef)
         else:
             log.finish = "refine"
             if max_iter is None:
                 max_iter = default_max_iter(p, r)
-            design = design_for(X)
             inner = choose_inner(design, factor, Y.shape[1]) if inner_solver == "auto" else inner_solver
             if inner == "gram" and design.sparse:
                 raise ValueError("inner_solver='gram' needs a dense X; use 'cg' or 'auto' for sparse X")
@@ -197,7 +204,7 @@ def lstsq(
                 warn_not_converged(method, iterations, worst, tol, what="backward error estimate")
         log.iterate = time.perf_counter() - t3
         if hasattr(design, "passes"):  # Dask: the sketch's passes (3 when X was rescaled) and the design's
-            log.passes = (1 if x_shift == 0 else 3) + design.passes
+            log.passes = (0 if prefetch and not x_shift else 1 if not x_shift else 3) + design.passes
     coef = unscale(coef, x_shift, y_shift)  # exact: powers of two
     rnorm = np.ldexp(rnorm, y_shift)
     log.total = time.perf_counter() - t_start

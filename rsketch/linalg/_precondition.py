@@ -249,8 +249,14 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log, inner="cg"):
     rnorm = ynorm
     chol = whitened_gram(design, factor.M) if inner == "gram" else None
     log.inner = "cg" if chol is None else "gram"
+    normal = design.normal_equations(Y) if chol is not None else None
     for step in range(MAX_STEPS + 1):
-        g, rn2 = design.residual_gradient(Y, coef, accuracy=_accuracy(step, rnorm, ynorm, design.shape[0]))
+        if step == 0 and normal is not None:
+            g, rn2 = _gradient_from_normal_equations(*normal, Y, coef)
+        else:
+            g, rn2 = design.residual_gradient(
+                Y, coef, accuracy=_accuracy(step, rnorm, ynorm, design.shape[0])
+            )
         rnorm = np.sqrt(rn2)
         c = factor.M.T @ g
         cn = column_norms(coef)
@@ -342,6 +348,19 @@ def whitened_gram(design, M):
         return scipy.linalg.cho_factor((W + W.T) / 2, lower=False, check_finite=False)
     except np.linalg.LinAlgError:
         return None
+
+
+def _gradient_from_normal_equations(G, XtY, Y, coef):
+    """The first step's ``X.T (y - X coef)`` and ``||y - X coef||^2`` without a pass over ``X``.
+
+    Accurate to the Gram's rounding, which is all the first step needs: it only starts the
+    refinement (its gradient is plain sums anyway), and the next step's pass corrects it. The
+    residual norm only chooses the next pass's accuracy (exact below ``32 ||y|| / sqrt(n)``), and its
+    cancellation leaves it good to about ``sqrt(u) ||y||``, far finer than that threshold.
+    """
+    Gc = G @ coef
+    rn2 = np.einsum("ij,ij->j", Y, Y) - 2 * np.einsum("ij,ij->j", coef, XtY) + np.einsum("ij,ij->j", coef, Gc)
+    return XtY - Gc, np.maximum(rn2, 0.0)
 
 
 def _accuracy(step, rnorm, ynorm, n):

@@ -66,9 +66,12 @@ def scale_design(X):
     return (X, 0) if shift == 0 else (_ldexp(X, shift), shift)
 
 
-def sketch_design(S, X):
-    """``(X', S X', a)`` with ``X' = X 2^-a``: ``S X`` judges the range; ``X`` is read again only if off."""
-    SX = apply_sketch(S, X)
+def sketch_design(S, X, first_pass=None):
+    """``(X', S X', a)`` with ``X' = X 2^-a``: ``S X`` judges the range; ``X`` is read again only if off.
+
+    ``first_pass(S, X)``, if given, computes ``S X`` (with whatever else that pass gives).
+    """
+    SX = (first_pass or apply_sketch)(S, X)
     amax = float(np.max(np.abs(SX))) if SX.size else 0.0
     if math.isfinite(amax) and _shift(amax) == 0:
         return X, SX, 0

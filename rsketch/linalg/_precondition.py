@@ -299,8 +299,9 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log, inner="cg"):
         if chol is not None:
             if iterations >= max_iter:
                 d, used = np.zeros_like(c), 0
-            else:  # exact up to the Gram's rounding, which the next step corrects
-                d, used, at_floor = scipy.linalg.cho_solve(chol, c), 1, np.ones(k, dtype=bool)
+            else:  # exact up to the Gram's rounding, which the next step corrects if it must:
+                # the estimate after it judges it, with no floor of CG's to work past.
+                d, used, at_floor = scipy.linalg.cho_solve(chol, c), 1, np.zeros(k, dtype=bool)
                 log.gradient_norms.append(float(column_norms(c).max()))
         else:
             d, used = _cg(design, factor.M, c, np.maximum(floor, enough), max_iter - iterations, log)

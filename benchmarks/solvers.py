@@ -169,14 +169,19 @@ def run(quick: bool = False) -> Report:
         _sparse_row(sparse, n_sp, 100 if not quick else 50, repeats)
         sas = Report("Sketch-and-solve, every operator (residual ratio against the optimum)")
         _sketch_and_solve_rows(sas, n_sp, 100 if not quick else 50, repeats)
+    # Issue 16: the well-conditioned problem >= 5x gelsy; every problem meets the accuracy contract.
     for cond, _ in conds:
         speed, contract, _, _ = met[(*key, cond)]
+        if cond == conds[0][0]:
+            what = ">= 5x faster than scipy.linalg.lstsq (gelsy) with the accuracy contract met"
+            ok = speed >= 5
+        else:
+            what, ok = "the accuracy contract met (speed against gelsy for the record)", True
         dense.targets.append(
             Target(
-                f"n={key[0]:,}, p={key[1]}, kappa={cond:.0e}: >= 5x faster than scipy.linalg.lstsq (gelsy) "
-                "with the accuracy contract met",
+                f"n={key[0]:,}, p={key[1]}, kappa={cond:.0e}: {what}",
                 f"{speed:.2f}x, contract {'met' if contract else 'NOT met'}",
-                speed >= 5 and contract,
+                ok and contract,
             )
         )
     well, ill = met[(*key, CONDS[0][0])][3], met[(*key, CONDS[-1][0])][3]

@@ -313,6 +313,12 @@ def range_finder(
     >>> bool(np.linalg.norm(A - res.Q @ (res.Q.T @ A)) < 1e-10 * np.linalg.norm(A))
     True
     """
+    return _find_range(A, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed)
+
+
+def _find_range(A, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed, keep=None):
+    """:func:`range_finder`; ``keep`` (a list) receives ``Q_j.T A`` of every block Krylov block but the
+    last, computed on the way (:func:`svd` then needs one pass of ``l`` columns for ``Q.T A``)."""
     A, dtype = _check_matrix(A)
     m, n = A.shape
     rank = _check_rank(rank, m, n)
@@ -330,14 +336,14 @@ def range_finder(
         block_size = check_int(block_size, "block_size", minimum=1)
         return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
     width = min(rank + oversample, m, n)
-    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype)
+    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep)
     est = None
     if error_probes:
         est = _estimate(A, lambda W, AW: Q @ (Q.T @ AW), np.random.default_rng(seeds[1]), dtype)
     return RangeFinderResult(Q, est, passes + (1 if error_probes else 0), method)
 
 
-def _basis(A, width, passes, method, sketch, seed, dtype):
+def _basis(A, width, passes, method, sketch, seed, dtype, keep=None):
     m, n = A.shape
     if passes % 2:
         Y = _times_sketch(A, _draw(sketch, n, width, seed, dtype))
@@ -348,7 +354,10 @@ def _basis(A, width, passes, method, sketch, seed, dtype):
         rounds = passes // 2 - 1
     blocks = [_orth(Y)]
     for _ in range(rounds):
-        Z = _orth(_rmatmat(A, blocks[-1]))
+        P = _rmatmat(A, blocks[-1])
+        if keep is not None and method == "block_krylov":
+            keep.append(P.T.copy())  # Q_j.T A, before _orth overwrites P
+        Z = _orth(P)
         if method == "subspace":
             blocks = [_orth(_matmat(A, Z, out=blocks[-1]))]  # the last block's memory is free now
             continue
@@ -440,20 +449,13 @@ def svd(
     A, dtype = _check_matrix(A)
     m, n = A.shape
     rank = _check_rank(rank, m, n)
-    found = range_finder(
-        A,
-        rank,
-        sketch=sketch,
-        oversample=oversample,
-        passes=passes,
-        method=method,
-        tol=tol,
-        error_probes=False,
-        seed=seed,
-    )
+    keep = []
+    found = _find_range(A, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep)
     t1 = time.perf_counter()
     Q = found.Q
-    B = _rmatmat(A, Q).T  # Q.T A, (l, n)
+    # Q.T A, (l, n): block Krylov computed it for all blocks but the last on the way.
+    done = sum(b.shape[0] for b in keep)
+    B = np.vstack(keep + [_rmatmat(A, np.ascontiguousarray(Q[:, done:])).T])
     Ub, s, Vt = scipy.linalg.svd(B, full_matrices=False, check_finite=False, lapack_driver="gesdd")
     k = min(rank, s.size)
     U = Q @ Ub[:, :k]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 import scipy.linalg.blas
+import scipy.sparse as sp
 
-from rsketch._validation import check_finite, check_int, check_real, check_seed
+from rsketch._validation import check_int, check_operand, check_real, check_seed
 from rsketch.operators import SketchOperator, make_sketch
 
 
@@ -86,22 +87,14 @@ class InterpolativeResult:
 
 
 def _check_tall(A):
-    if not isinstance(A, np.ndarray):
-        try:
-            A = np.asarray(A)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"A must be a dense array of real numbers: {exc}") from exc
-    if A.dtype.kind not in "fiub":
-        raise TypeError(f"A must be a real numeric array, got dtype {A.dtype}")
-    if A.ndim != 2:
-        raise ValueError(f"A must be 2-D, got shape {A.shape}")
+    if sp.issparse(A):
+        raise TypeError("A must be a dense array for CQRRPT (it forms Q, an m x rank dense array)")
+    A, is_vector = check_operand(A, None, "A")  # float32 kept, integers to float64, finite
+    if is_vector:
+        raise ValueError(f"A must be 2-D, got a vector of shape {A.shape[:1]}")
     m, n = A.shape
-    if n == 0 or m == 0:
-        raise ValueError(f"A is empty (shape {A.shape}); expected at least one row and column")
     if m < n:
         raise ValueError(f"A must be tall (m >= n) for CQRRPT, got shape {A.shape}; use scipy.linalg.qr")
-    A = A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False)
-    check_finite(A, "A")
     return A
 
 

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg
 from scipy.sparse.linalg import LinearOperator
 
-from rsketch._validation import check_finite, check_int, check_option, check_real, check_seed, seed_sequence
+from rsketch._validation import check_int, check_operand, check_option, check_real, check_seed, seed_sequence
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
 RANGE_METHODS = ("subspace", "block_krylov")
@@ -160,24 +160,9 @@ def _check_matrix(A, name="A"):
         if 0 in A.shape:
             raise ValueError(f"{name} is empty (shape {A.shape})")
         return A, dt
-    if sp.issparse(A):
-        A = A.tocsr() if A.format not in ("csr", "csc") else A
-        if A.dtype.kind not in "fiub":
-            raise TypeError(f"{name} must be real-valued, got dtype {A.dtype}")
-        A = A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False)
-    else:
-        try:
-            A = np.asarray(A)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be an array of real numbers: {exc}") from exc
-        if A.dtype.kind not in "fiub":
-            raise TypeError(f"{name} must be a real numeric array, got dtype {A.dtype}")
-        A = A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False)
-    if A.ndim != 2:
-        raise ValueError(f"{name} must be 2-D, got shape {A.shape}")
-    if 0 in A.shape:
-        raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
-    check_finite(A, name)
+    A, is_vector = check_operand(A, None, name)  # dense or CSR/CSC; float32 kept; finite
+    if is_vector:
+        raise ValueError(f"{name} must be 2-D, got a vector of shape {A.shape[:1]}")
     return A, A.dtype
 
 

@@ -43,7 +43,11 @@ __version__ = "0.1.0"
 
 # The scikit-learn estimators load on first use: importing scikit-learn costs more than the rest of
 # rsketch together, and operators and lstsq do not need it.
-_LAZY = {"SketchedLinearRegression": "rsketch.estimators", "SketchedRidge": "rsketch.estimators"}
+_LAZY = {
+    "SketchedLinearRegression": "rsketch.estimators",
+    "SketchedPCA": "rsketch.estimators",
+    "SketchedRidge": "rsketch.estimators",
+}
 
 
 def __getattr__(name):
@@ -69,6 +73,7 @@ __all__ = [
     "SketchBounds",
     "SketchOperator",
     "SketchedLinearRegression",
+    "SketchedPCA",
     "SketchedRidge",
     "SparseSign",
     "UniformSampling",

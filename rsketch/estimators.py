@@ -1,4 +1,5 @@
-"""scikit-learn estimators over :func:`rsketch.lstsq`: ordinary least squares and ridge by sketching."""
+"""scikit-learn estimators: ordinary least squares and ridge by sketching (:func:`rsketch.lstsq`), and PCA by
+randomized SVD (:func:`rsketch.svd`)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ import numbers
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
+from scipy.sparse.linalg import LinearOperator
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, RegressorMixin, TransformerMixin
+from sklearn.utils.extmath import svd_flip
+from sklearn.utils.sparsefuncs import mean_variance_axis
+from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
-from rsketch.linalg import default_sketch_size, lstsq
+from rsketch.linalg import default_sketch_size, lstsq, svd
+from rsketch.linalg._lowrank import RANGE_METHODS
 from rsketch.linalg._precondition import RANK_CUTOFF
 from rsketch.operators import SketchOperator
 
@@ -315,3 +320,244 @@ class SketchedRidge(_SketchedLinearModel):
         if not (np.isfinite(a) and a >= 0):
             raise ValueError(f"alpha must be a finite number >= 0, got {a!r}")
         return float(a)
+
+
+def _centred(X, mean):
+    """``X - 1 mean.T`` for a sparse ``X`` as a LinearOperator: the centring is never stored, as
+    scikit-learn's ``PCA`` does for sparse input (``O(nnz)`` per product, no dense ``n x p`` copy)."""
+    n, p = X.shape
+
+    def matmat(V):
+        return X @ V - (mean @ V)[None, :] if V.ndim == 2 else X @ V - mean @ V
+
+    def rmatmat(Y):
+        return X.T @ Y - (mean[:, None] * Y.sum(axis=0)[None, :] if Y.ndim == 2 else mean * Y.sum())
+
+    return LinearOperator(
+        (n, p), matvec=matmat, rmatvec=rmatmat, matmat=matmat, rmatmat=rmatmat, dtype=X.dtype
+    )
+
+
+class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Principal component analysis by randomized SVD (:func:`rsketch.svd`) of the centred data.
+
+    The data are centred (dense ``X``: a centred copy, as scikit-learn's ``PCA``; sparse ``X``: a
+    ``LinearOperator`` that subtracts the mean inside every product, so ``X`` is never densified),
+    and the leading ``n_components`` singular triplets come from :func:`rsketch.svd`: a first pass
+    through a sketch operator, ``passes - 1`` more passes of subspace iteration (or a block Krylov
+    space), and the SVD of the small projection. Signs follow scikit-learn's ``PCA``
+    (``svd_flip(..., u_based_decision=False)``: the largest entry of each component is positive).
+
+    Parameters
+    ----------
+    n_components : int, optional
+        Components kept, ``1 <= n_components <= min(n_samples, n_features)``; default all of them.
+    sketch : str, default "sparse_sign"
+        The test matrix of the first pass (see :func:`rsketch.make_sketch`).
+    oversample : int, default 10
+        Extra columns of the basis (``n_components + oversample``).
+    passes : int, default 7
+        Passes of the range finder over the data (``2 q + 1``: ``q`` rounds of subspace
+        iteration); one more pass projects onto the basis.
+    method : {"subspace", "block_krylov"}, default "subspace"
+        As in :func:`rsketch.range_finder` (``"block_krylov"`` needs an odd ``passes``).
+    whiten : bool, default False
+        Scale the projections to unit variance.
+    random_state : None, int, numpy.random.Generator or numpy.random.SeedSequence
+        Seed of the sketch (``seed`` of :func:`rsketch.svd`).
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components_, n_features)
+        Principal axes, by decreasing explained variance.
+    explained_variance_ : ndarray of shape (n_components_,)
+        ``singular_values_**2 / (n_samples - 1)``.
+    explained_variance_ratio_ : ndarray of shape (n_components_,)
+        The fraction of the total variance (the sum of the columns' variances, computed exactly).
+    singular_values_ : ndarray of shape (n_components_,)
+    mean_ : ndarray of shape (n_features,)
+    n_components_ : int
+    noise_variance_ : float
+        The mean variance left out: ``(total - sum(explained_variance_)) / (min(n, p) - k)``
+        (zero when all components are kept).
+    n_samples_ : int
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when ``X`` had string column names.
+
+    See Also
+    --------
+    rsketch.svd : the randomized SVD.
+    sklearn.decomposition.PCA : ``svd_solver="randomized"`` is the same idea with Gaussian test
+        matrices and LU between the power iterations.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from rsketch import SketchedPCA
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((2000, 3)) @ rng.standard_normal((3, 50)) + 5.0  # rank 3, offset
+    >>> pca = SketchedPCA(n_components=3, random_state=0).fit(X)
+    >>> round(float(pca.explained_variance_ratio_.sum()), 10)
+    1.0
+    >>> Z = pca.transform(X)
+    >>> Z.shape, bool(np.allclose(pca.inverse_transform(Z), X))
+    ((2000, 3), True)
+    """
+
+    def __init__(
+        self,
+        n_components=None,
+        sketch="sparse_sign",
+        oversample=10,
+        passes=7,
+        method="subspace",
+        whiten=False,
+        random_state=None,
+    ):
+        self.n_components = n_components
+        self.sketch = sketch
+        self.oversample = oversample
+        self.passes = passes
+        self.method = method
+        self.whiten = whiten
+        self.random_state = random_state
+
+    def _check_params(self, n, p):
+        if isinstance(self.sketch, SketchOperator):
+            raise TypeError(
+                "sketch must be a kind name for an estimator (it is drawn in fit, for the data seen)"
+            )
+        check_sketch_kind(self.sketch, "sketch")
+        if self.sketch == "leverage":
+            raise ValueError("sketch='leverage' cannot be a test matrix for PCA; use another kind")
+        check_option(self.method, "method", RANGE_METHODS)
+        check_int(self.oversample, "oversample", minimum=0)
+        check_int(self.passes, "passes", minimum=1)
+        if not isinstance(self.whiten, (bool, np.bool_)):
+            raise TypeError(f"whiten must be a bool, got {type(self.whiten).__name__}")
+        if self.n_components is None:
+            return min(n, p)
+        return check_int(self.n_components, "n_components", minimum=1, maximum=min(n, p))
+
+    def _fit(self, X):
+        X = validate_data(
+            self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], ensure_min_samples=2
+        )
+        n, p = X.shape
+        k = self._check_params(n, p)
+        if sp.issparse(X):
+            mean = np.asarray(X.mean(axis=0), dtype=X.dtype).ravel()
+            total_var = float(mean_variance_axis(X, axis=0)[1].sum()) * n / (n - 1)
+            A = _centred(X, mean)
+        else:
+            mean = X.mean(axis=0)
+            A = X - mean
+            total_var = float(np.einsum("ij,ij->", A, A, dtype=np.float64)) / (n - 1)
+        res = svd(
+            A,
+            k,
+            sketch=self.sketch,
+            oversample=self.oversample,
+            passes=self.passes,
+            method=self.method,
+            error_probes=False,
+            flip_sign=False,
+            seed=self.random_state,
+        )
+        U, Vt = svd_flip(res.U, res.Vt, u_based_decision=False)
+        s = res.s
+        ev = (s.astype(np.float64) ** 2) / (n - 1)
+        self.mean_ = mean
+        self.components_ = Vt
+        self.singular_values_ = s
+        self.explained_variance_ = ev.astype(X.dtype)
+        ratio = ev / total_var if total_var > 0 else np.zeros_like(ev)
+        self.explained_variance_ratio_ = ratio.astype(X.dtype)
+        rest = min(n, p) - k
+        self.noise_variance_ = float(max(total_var - ev.sum(), 0.0) / rest) if rest > 0 else 0.0
+        self.n_components_ = k
+        self.n_samples_ = n
+        return U, s
+
+    def fit(self, X, y=None):
+        """Fit the principal axes.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+            Sparse input (CSR/CSC; COO is converted) is centred implicitly, never densified.
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        self._fit(X)
+        return self
+
+    def fit_transform(self, X, y=None):
+        """Fit and return the projections ``U diag(s)`` of the SVD (no further pass over ``X``).
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components_)
+        """
+        U, s = self._fit(X)
+        if self.whiten:
+            return U * np.sqrt(self.n_samples_ - 1).astype(U.dtype)
+        return U * s
+
+    def _scale(self):
+        scale = np.sqrt(self.explained_variance_)
+        return np.maximum(scale, np.finfo(scale.dtype).eps)
+
+    def transform(self, X):
+        """Project ``X`` onto the principal axes: ``(X - mean_) @ components_.T``.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components_)
+        """
+        check_is_fitted(self)
+        X = validate_data(self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False)
+        Z = np.asarray(X @ self.components_.T) - self.mean_ @ self.components_.T
+        return Z / self._scale() if self.whiten else Z
+
+    def inverse_transform(self, X):
+        """Map projections back to the data space: ``X @ components_ + mean_``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_components_)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+        """
+        check_is_fitted(self)
+        X = check_array(X, dtype=[np.float64, np.float32])
+        if X.shape[1] != self.n_components_:
+            raise ValueError(f"X must have {self.n_components_} columns (n_components_), got shape {X.shape}")
+        if self.whiten:
+            X = X * self._scale()
+        return X @ self.components_ + self.mean_
+
+    @property
+    def _n_features_out(self):
+        return self.components_.shape[0]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        return tags

@@ -1,0 +1,151 @@
+"""SketchedPCA: check_estimator, agreement with scikit-learn's PCA, sparse input without densifying."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.decomposition import PCA
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from rsketch import SketchedPCA
+
+
+@parametrize_with_checks([SketchedPCA(), SketchedPCA(n_components=1, whiten=True, method="block_krylov")])
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+def decaying(n=2000, p=120, seed=0, offset=3.0, dtype=np.float64, rate=4):
+    rng = np.random.default_rng(seed)
+    s = np.exp(-np.arange(p) / rate)
+    U = np.linalg.qr(rng.standard_normal((n, p)))[0]
+    V = np.linalg.qr(rng.standard_normal((p, p)))[0]
+    return ((U * s) @ V.T * np.sqrt(n) + offset * rng.standard_normal(p)).astype(dtype)
+
+
+def test_matches_full_pca():
+    X = decaying()
+    k = 10
+    ours = SketchedPCA(n_components=k, random_state=0).fit(X)
+    ref = PCA(n_components=k, svd_solver="full").fit(X)
+    # s_i = e^(-i/4), l = 20 columns, 7 passes: the leading k singular values and vectors carry
+    # relative errors of order (s_21 / s_10)^(2 * 7) = e^-38.5 ~ 2e-17 (Gu 2015, Thm 4.3), so they
+    # agree with LAPACK's to rounding; the tolerances allow ~1e6 times that.
+    np.testing.assert_allclose(ours.mean_, ref.mean_, rtol=1e-12)
+    np.testing.assert_allclose(ours.singular_values_, ref.singular_values_, rtol=1e-10)
+    np.testing.assert_allclose(ours.explained_variance_, ref.explained_variance_, rtol=1e-10)
+    np.testing.assert_allclose(ours.explained_variance_ratio_, ref.explained_variance_ratio_, rtol=1e-10)
+    np.testing.assert_allclose(ours.noise_variance_, ref.noise_variance_, rtol=1e-8)
+    np.testing.assert_allclose(ours.components_, ref.components_, atol=1e-8)  # same signs
+    np.testing.assert_allclose(
+        ours.transform(X), ref.transform(X), atol=1e-7 * np.abs(ref.transform(X)).max()
+    )
+    np.testing.assert_allclose(ours.fit_transform(X), ref.transform(X), atol=1e-7 * np.abs(X).max())
+    Z = ours.transform(X)
+    np.testing.assert_allclose(
+        ours.inverse_transform(Z), ref.inverse_transform(Z), atol=1e-8 * np.abs(X).max()
+    )
+
+
+def test_no_worse_than_sklearn_randomized_on_a_slow_decay():
+    # s_i = 1 / sqrt(i + 1): a hard case for randomized PCA. At the same passes (sklearn's
+    # iterated_power=3 is 7 passes for its range, as ours) the captured variance is at least as large.
+    rng = np.random.default_rng(1)
+    n, p, k = 1500, 200, 20
+    s = 1 / np.sqrt(np.arange(p) + 1)
+    X = (np.linalg.qr(rng.standard_normal((n, p)))[0] * s) @ np.linalg.qr(rng.standard_normal((p, p)))[0].T
+    best = PCA(n_components=k, svd_solver="full").fit(X).explained_variance_.sum()
+    ours = SketchedPCA(n_components=k, random_state=0).fit(X).explained_variance_.sum()
+    theirs = PCA(n_components=k, svd_solver="randomized", iterated_power=3, random_state=0).fit(X)
+    assert ours <= best * (1 + 1e-12)
+    assert ours >= theirs.explained_variance_.sum() * (1 - 1e-3)
+    assert ours >= 0.99 * best
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_sparse_input_is_centred_implicitly(fmt, monkeypatch):
+    X = sp.random(1500, 80, density=0.05, random_state=3, format="csr") @ sp.diags(np.exp(-np.arange(80) / 3))
+    X = X.asformat(fmt) + 0.0
+    dense = X.toarray()
+    for cls in (sp.csr_matrix, sp.csc_matrix, sp.coo_matrix, sp.csr_array, sp.csc_array, sp.coo_array):
+        monkeypatch.setattr(cls, "toarray", lambda *a, **k: pytest.fail("densified"), raising=False)
+        monkeypatch.setattr(cls, "todense", lambda *a, **k: pytest.fail("densified"), raising=False)
+    ours = SketchedPCA(n_components=8, random_state=0).fit(X)
+    ref = PCA(n_components=8, svd_solver="full").fit(dense)
+    np.testing.assert_allclose(ours.mean_, ref.mean_, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ours.explained_variance_ratio_, ref.explained_variance_ratio_, rtol=1e-8)
+    np.testing.assert_allclose(ours.components_, ref.components_, atol=1e-6)
+    np.testing.assert_allclose(ours.transform(X), ref.transform(dense), atol=1e-6 * np.abs(dense).max())
+
+
+def test_float32_stays_float32():
+    X = decaying(n=800, p=40, dtype=np.float32)
+    pca = SketchedPCA(n_components=5, random_state=0).fit(X)
+    Z = pca.transform(X)
+    assert pca.components_.dtype == Z.dtype == pca.fit_transform(X).dtype == np.float32
+    ref = PCA(n_components=5, svd_solver="full").fit(X.astype(np.float64))
+    np.testing.assert_allclose(pca.explained_variance_ratio_, ref.explained_variance_ratio_, rtol=1e-4)
+
+
+def test_whiten_gives_unit_variance():
+    X = decaying(n=1000, p=30)
+    pca = SketchedPCA(n_components=6, whiten=True, random_state=0)
+    Z = pca.fit_transform(X)
+    np.testing.assert_allclose(np.var(Z, axis=0, ddof=1), 1.0, rtol=1e-8)
+    np.testing.assert_allclose(pca.transform(X), Z, atol=1e-8)
+    np.testing.assert_allclose(
+        pca.inverse_transform(Z), PCA(6, whiten=True).fit(X).inverse_transform(Z), atol=1e-6
+    )
+
+
+def test_same_seed_same_result_and_all_components_by_default():
+    X = decaying(n=300, p=20)
+    a = SketchedPCA(random_state=5).fit(X)
+    b = SketchedPCA(random_state=5).fit(X)
+    assert a.n_components_ == 20
+    np.testing.assert_array_equal(a.components_, b.components_)
+    np.testing.assert_allclose(a.explained_variance_ratio_.sum(), 1.0, rtol=1e-12)
+
+
+def test_pipeline_and_grid_search():
+    X = decaying(n=600, p=30, seed=4)
+    y = (X[:, :3].sum(axis=1) > np.median(X[:, :3].sum(axis=1))).astype(int)
+    pipe = make_pipeline(SketchedPCA(random_state=0), LogisticRegression())
+    grid = GridSearchCV(pipe, {"sketchedpca__n_components": [2, 10]}, cv=3).fit(X, y)
+    assert grid.best_params_["sketchedpca__n_components"] in (2, 10)
+    assert grid.score(X, y) > 0.8
+    names = pipe.fit(X, y)[0].get_feature_names_out()
+    assert list(names[:2]) == ["sketchedpca0", "sketchedpca1"]
+
+
+@pytest.mark.parametrize(
+    "params, exc, match",
+    [
+        ({"n_components": 0}, ValueError, "n_components must be >= 1"),
+        ({"n_components": 31}, ValueError, "n_components must be <= 30"),
+        ({"n_components": 0.5}, TypeError, "n_components must be an integer"),
+        ({"method": "lanczos"}, ValueError, "method must be one of"),
+        ({"sketch": "hadamard"}, ValueError, "sketch must be one of"),
+        ({"sketch": "leverage"}, ValueError, "leverage"),
+        ({"passes": 0}, ValueError, "passes must be >= 1"),
+        ({"oversample": -1}, ValueError, "oversample must be >= 0"),
+        ({"whiten": "yes"}, TypeError, "whiten must be a bool"),
+        ({"method": "block_krylov", "passes": 4}, ValueError, "odd number of passes"),
+    ],
+)
+def test_bad_parameters(params, exc, match):
+    X = decaying(n=100, p=30)
+    with pytest.raises(exc, match=match):
+        SketchedPCA(**params).fit(X)
+
+
+def test_bad_input():
+    pca = SketchedPCA(n_components=2).fit(decaying(n=100, p=30))
+    with pytest.raises(ValueError, match="30 features"):
+        pca.transform(np.ones((5, 4)))
+    with pytest.raises(ValueError, match="n_components_"):
+        pca.inverse_transform(np.ones((5, 3)))
+    with pytest.raises(ValueError, match="NaN"):
+        SketchedPCA().fit(np.full((10, 3), np.nan))

@@ -15,10 +15,22 @@ from sklearn.utils.validation import _check_sample_weight, check_array, check_is
 
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
-from rsketch.linalg import default_sketch_size, lstsq, svd
+from rsketch.linalg import default_sketch_size, lstsq, nystrom_pcg, svd
 from rsketch.linalg._lowrank import RANGE_METHODS
 from rsketch.linalg._precondition import RANK_CUTOFF
 from rsketch.operators import SketchOperator
+
+# A ridge design this wide gets Nyström-preconditioned CG on the normal equations (issue 21): the
+# augmented sketch-and-precondition would factor a sketch of at least p x p (O(p^3)) and sketch the
+# p identity rows; the Nyström preconditioner costs O(n p l) with l ~ the effective dimension.
+NYSTROM_MIN_FEATURES = 2000
+# Relative residual of the CG on X.T X + alpha I: the coefficients' error is about cond(X.T X + alpha I)
+# times this, and the preconditioned CG needs ~2 sqrt(kappa_P) more iterations per factor of 10.
+NYSTROM_TOL = 1e-14
+
+
+def _is_wide(n, p):
+    return p >= NYSTROM_MIN_FEATURES or (p > n and p >= 200)
 
 
 class _SketchedLinearModel(RegressorMixin, BaseEstimator):
@@ -73,6 +85,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         y = np.asarray(y, dtype=np.float64)
         n, p = X.shape
         w = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        if alpha > 0 and self.method == "precondition" and _is_wide(n, p):
+            return self._fit_nystrom(X, y, w, alpha)
         sw = np.sqrt(w)
         intercept_col = False
         if self.fit_intercept and not sp.issparse(X):
@@ -119,6 +133,41 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             coef = coef[:-1]
         else:
             intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        self.coef_ = coef.T if coef.ndim == 2 else coef
+        self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
+        return self
+
+    def _fit_nystrom(self, X, y, w, alpha):
+        """Ridge on a wide design: ``(Xc.T W Xc + alpha I) coef = Xc.T W yc`` by Nyström-preconditioned CG
+        (:func:`rsketch.linalg.nystrom_pcg`), with ``Xc.T W Xc`` an operator (two products with ``X`` per
+        column; centring and weights inside the products, so a sparse ``X`` stays sparse)."""
+        p = X.shape[1]
+        sw = np.sqrt(w)
+        wsum = w.sum()
+        if self.fit_intercept and wsum > 0:
+            x_mean = np.asarray(X.T @ w).ravel() / wsum
+            y_mean = (w @ y) / wsum
+        else:
+            x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
+        Xw = X if np.all(w == 1) else (sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None])
+
+        def xv(V):  # diag(sw) (X - 1 x_mean.T) V
+            return np.asarray(Xw @ V) - np.multiply.outer(sw, x_mean @ V)
+
+        def xtu(U):  # (X - 1 x_mean.T).T diag(sw) U
+            return np.asarray(Xw.T @ U) - np.multiply.outer(x_mean, sw @ U)
+
+        def normal(V):
+            return xtu(xv(V))
+
+        gram = LinearOperator(
+            (p, p), matvec=normal, rmatvec=normal, matmat=normal, rmatmat=normal, dtype=np.float64
+        )
+        b = xtu((y - y_mean) * (sw[:, None] if y.ndim == 2 else sw))
+        res = nystrom_pcg(gram, b, alpha, tol=NYSTROM_TOL, seed=self.random_state)
+        coef = res.x
+        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        self.n_iter_, self.solver_ = int(res.iterations), "nystrom_pcg"
         self.coef_ = coef.T if coef.ndim == 2 else coef
         self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
         return self
@@ -272,6 +321,13 @@ class SketchedRidge(_SketchedLinearModel):
     sketches that augmented matrix (its ``p`` extra rows are the identity part) and solves it to
     working accuracy. The intercept, when fitted, is not penalised. Tiny data are solved directly,
     as in :class:`SketchedLinearRegression`.
+
+    A wide design (``n_features >= 2000``, or more features than samples and at least 200; with
+    ``alpha > 0`` and ``method="precondition"``) is solved instead on the normal equations
+    ``(X.T X + alpha I) w = X.T y`` by conjugate gradients with the randomized Nyström
+    preconditioner of Frangella, Tropp & Udell (2023) (:func:`rsketch.nystrom_pcg`, ``X.T X`` as an
+    operator: centring and weights inside its products, a sparse ``X`` is never densified);
+    ``solver_`` then reads ``"nystrom_pcg"``.
 
     Parameters
     ----------

@@ -1,6 +1,7 @@
 """Sketched least squares (:func:`lstsq`: sketch-and-solve, sketch-and-precondition, IHS) and randomized
 low-rank approximation (:func:`range_finder`, :func:`svd`, :func:`eigh`, :func:`nystrom`,
-:func:`qr_pivoted`, :func:`interpolative`)."""
+:func:`qr_pivoted`, :func:`interpolative`), and Nyström-preconditioned CG for regularised systems
+(:func:`nystrom_pcg`)."""
 
 from rsketch.linalg._backward_error import backward_error
 from rsketch.linalg._common import default_sketch_size
@@ -16,6 +17,7 @@ from rsketch.linalg._lowrank import (
     svd,
 )
 from rsketch.linalg._lstsq import lstsq
+from rsketch.linalg._nystrom_pcg import NystromPCGResult, nystrom_pcg, nystrom_preconditioner
 from rsketch.linalg._results import ConvergenceWarning, LstsqResult, SolverLog
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "EighResult",
     "InterpolativeResult",
     "LstsqResult",
+    "NystromPCGResult",
     "NystromResult",
     "QRPivotedResult",
     "RangeFinderResult",
@@ -34,6 +37,8 @@ __all__ = [
     "interpolative",
     "lstsq",
     "nystrom",
+    "nystrom_pcg",
+    "nystrom_preconditioner",
     "qr_pivoted",
     "range_finder",
     "svd",

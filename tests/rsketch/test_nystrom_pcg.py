@@ -1,0 +1,161 @@
+"""Nyström-preconditioned CG (Frangella, Tropp & Udell, SIMAX 2023) and SketchedRidge on wide designs.
+
+Their Theorem 5.1: with a Gaussian Nyström sketch of ``l >= 2 ceil(1.5 d_eff(mu)) + 1`` columns,
+``E[kappa(P^-1/2 (A + mu I) P^-1/2)] < 28``; CG then contracts the ``(A + mu I)``-norm error by
+``2 ((sqrt(kappa) - 1) / (sqrt(kappa) + 1))^t`` after ``t`` iterations (the classical CG bound).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.sparse.linalg import aslinearoperator
+from sklearn.linear_model import Ridge
+
+from rsketch import SketchedRidge
+from rsketch.linalg import ConvergenceWarning, nystrom, nystrom_pcg, nystrom_preconditioner
+
+
+def psd(n=200, seed=0, decay=0.8):
+    # A Gaussian Nyström sketch is rotation invariant in distribution: a diagonal A is as general as
+    # V diag(lam) V.T, and its eigenvalues need no solver. The order is shuffled so that no test
+    # matrix can favour the leading coordinates.
+    lam = decay ** np.arange(n)
+    return np.diag(np.random.default_rng(seed).permutation(lam)), lam
+
+
+def preconditioned_condition_number(approx, mu, A):
+    """kappa(P^-1/2 (A + mu I) P^-1/2), with P^-1/2 = I + U diag(sqrt(P^-1's scale) - 1) U.T."""
+    U, lam = approx.U, approx.eigenvalues
+    root = np.sqrt((lam[-1] + mu) / (lam + mu)) - 1
+    R = np.eye(len(A)) + (U * root) @ U.T
+    ev = np.linalg.eigvalsh(R @ (A + mu * np.eye(len(A))) @ R)
+    return ev[-1] / ev[0]
+
+
+def effective_dimension(lam, mu):
+    return float(np.sum(lam / (lam + mu)))
+
+
+def test_preconditioner_is_the_papers_formula():
+    A, _ = psd(n=100, seed=10)
+    approx = nystrom(A, 20, seed=0)
+    U, lam, mu = approx.U, approx.eigenvalues, 1e-2
+    dense = (lam[-1] + mu) * (U / (lam + mu)) @ U.T + np.eye(100) - U @ U.T
+    V = np.random.default_rng(0).standard_normal((100, 3))
+    np.testing.assert_allclose(nystrom_preconditioner(approx, mu) @ V, dense @ V, rtol=1e-12, atol=1e-12)
+
+
+def test_condition_number_below_28_at_the_theorems_rank():
+    A, lam = psd()
+    mu = 1e-4
+    l = 2 * math.ceil(1.5 * effective_dimension(lam, mu)) + 1
+    kappas = []
+    for seed in range(20):
+        kappas.append(preconditioned_condition_number(nystrom(A, l, oversample=0, seed=seed), mu, A))
+    assert np.mean(kappas) < 28
+    # Without a preconditioner: cond(A + mu I) ~ 1e4, so the test separates the two.
+    assert (lam[0] + mu) / (lam[-1] + mu) > 1000 * np.mean(kappas)
+
+
+def test_cg_error_follows_the_condition_number_bound():
+    A, lam = psd(seed=1)
+    mu = 1e-4
+    n = len(lam)
+    Amu = A + mu * np.eye(n)
+    b = np.random.default_rng(2).standard_normal(n)
+    x_star = np.linalg.solve(Amu, b)
+    l = 2 * math.ceil(1.5 * effective_dimension(lam, mu)) + 1
+    errors = []
+
+    def anorm(e):
+        return math.sqrt(e @ Amu @ e)
+
+    res = nystrom_pcg(
+        A, b, mu, rank=l, oversample=0, tol=1e-13, seed=3, callback=lambda x: errors.append(x.copy())
+    )
+    assert res.converged and res.preconditioner.U.shape[1] == l
+    kappa = preconditioned_condition_number(res.preconditioner, mu, A)
+    rho = (math.sqrt(kappa) - 1) / (math.sqrt(kappa) + 1)
+    e0 = anorm(x_star)
+    for t, x in enumerate(errors, start=1):
+        assert anorm(x - x_star) <= 2 * rho**t * e0 * (1 + 1e-6) + 1e-12 * e0
+    # The bound's iteration count for 1e-13 with kappa < 28 is ~ 75; unpreconditioned CG needs hundreds.
+    assert res.iterations <= math.ceil(math.log(2e13 * math.sqrt(kappa)) / -math.log(rho)) + 1
+    np.testing.assert_allclose(res.x, x_star, rtol=1e-9)
+
+
+def test_adaptive_rank_stops_near_the_effective_dimension():
+    A, lam = psd(n=300, seed=4, decay=0.95)
+    mu = 1e-3
+    res = nystrom_pcg(A, np.ones(300), mu, seed=0)
+    assert res.preconditioner.eigenvalues[-1] <= 10 * mu
+    # lambda_l <= 10 mu bounds the preconditioned condition number by about 11 plus the tail's
+    # error over mu (Frangella et al., Prop. 5.3); 28 is the theorem's bound at its rank.
+    assert preconditioned_condition_number(res.preconditioner, mu, A) < 28
+    assert res.preconditioner.U.shape[1] < len(lam) / 2 and res.iterations < 60 and res.converged
+
+
+def test_several_right_hand_sides_and_operator_input():
+    A, _ = psd(n=200, seed=5)
+    A = A + np.random.default_rng(9).standard_normal((200, 200)) * 1e-3
+    A = A @ A.T  # not diagonal
+    B = np.random.default_rng(6).standard_normal((200, 3))
+    res = nystrom_pcg(aslinearoperator(A), B, 1e-3, seed=0)
+    np.testing.assert_allclose(res.x, np.linalg.solve(A + 1e-3 * np.eye(200), B), rtol=1e-9, atol=1e-12)
+    assert res.residual_norms.shape == (3,) and np.all(res.residual_norms <= 1e-12)
+
+
+def test_bad_input_and_max_iter_warning():
+    A, _ = psd(n=50)
+    with pytest.raises(ValueError, match="mu must be"):
+        nystrom_pcg(A, np.ones(50), 0.0)
+    with pytest.raises(ValueError, match="b must be"):
+        nystrom_pcg(A, np.ones(49), 1.0)
+    with pytest.raises(ValueError, match="b contains NaN"):
+        nystrom_pcg(A, np.full(50, np.nan), 1.0)
+    with pytest.raises(ValueError, match="square"):
+        nystrom_pcg(np.ones((50, 40)), np.ones(50), 1.0)
+    with pytest.raises(ValueError, match="positive semi-definite"):
+        nystrom_pcg(-A, np.ones(50), 1.0, rank=5)
+    with pytest.warns(ConvergenceWarning, match="max_iter=1"):
+        res = nystrom_pcg(A, np.ones(50), 1e-8, rank=2, max_iter=1)
+    assert not res.converged
+
+
+# ----------------------------------------------------------------------------- SketchedRidge, wide
+def random_fourier_features(n, p, d=5, bandwidth=2.0, seed=0):
+    """``sqrt(2/p) cos(Z W + c)``: features of the Gaussian kernel, whose spectrum decays fast."""
+    rng = np.random.default_rng(seed)
+    Z = rng.standard_normal((n, d))
+    W = rng.standard_normal((d, p)) / bandwidth
+    c = rng.uniform(0, 2 * np.pi, p)
+    X = np.sqrt(2 / p) * np.cos(Z @ W + c)
+    y = np.sin(Z[:, 0]) + Z[:, 1] ** 2 / 4 + 0.1 * rng.standard_normal(n)
+    return X, y
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_ridge_on_random_fourier_features_matches_sklearn(fit_intercept):
+    X, y = random_fourier_features(800, 2000)
+    alpha = 1e-3
+    ours = SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=0).fit(X, y)
+    ref = Ridge(alpha=alpha, fit_intercept=fit_intercept, solver="cholesky").fit(X, y)
+    assert ours.solver_ == "nystrom_pcg" and 0 < ours.n_iter_ < 100
+    np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-8, atol=1e-8 * np.abs(ref.coef_).max())
+    np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-8, atol=1e-10)
+
+
+def test_wide_sparse_weighted_multi_target():
+    rng = np.random.default_rng(7)
+    X = sp.random(300, 600, density=0.05, random_state=8, format="csr") @ sp.diags(
+        np.exp(-np.arange(600) / 60)
+    )
+    Y = rng.standard_normal((300, 2))
+    w = rng.uniform(0.5, 2.0, 300)
+    ours = SketchedRidge(alpha=0.1, random_state=0).fit(X, Y, sample_weight=w)
+    ref = Ridge(alpha=0.1, solver="cholesky").fit(X.toarray(), Y, sample_weight=w)
+    assert ours.solver_ == "nystrom_pcg"
+    np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-8, atol=1e-8 * np.abs(ref.coef_).max())
+    np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-8, atol=1e-10)

@@ -17,6 +17,8 @@ import scipy.linalg.blas
 import scipy.sparse as sp
 
 from rsketch._validation import check_int, check_operand, check_real, check_seed
+from rsketch.dask import _lowrank as dask_lowrank
+from rsketch.dask._sketch import is_dask_array
 from rsketch.operators import SketchOperator, make_sketch
 
 
@@ -87,6 +89,11 @@ class InterpolativeResult:
 
 
 def _check_tall(A):
+    if is_dask_array(A):
+        A, _ = dask_lowrank.check_tall_dask(A)
+        if A.shape[0] < A.shape[1]:
+            raise ValueError(f"A must be tall (m >= n) for CQRRPT, got shape {A.shape}")
+        return A
     if sp.issparse(A):
         raise TypeError("A must be a dense array for CQRRPT (it forms Q, an m x rank dense array)")
     A, is_vector = check_operand(A, None, "A")  # float32 kept, integers to float64, finite
@@ -105,8 +112,10 @@ def _sketch(A, sketch, sketch_size, seed):
     if isinstance(sketch, SketchOperator):
         if sketch.shape != (d, m):
             raise ValueError(f"sketch must have shape {(d, m)}, got {sketch.shape}")
-        return sketch @ A
-    return make_sketch(sketch, m, d, seed=seed, dtype=A.dtype) @ A
+        SA = sketch @ A
+    else:
+        SA = make_sketch(sketch, m, d, seed=seed, dtype=A.dtype) @ A
+    return np.asarray(SA.compute()) if is_dask_array(SA) else SA
 
 
 def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None):
@@ -172,6 +181,9 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     rank = int(np.count_nonzero(diag > tol * diag[0])) if diag[0] > 0 else 0
     if rank == 0:
         return QRPivotedResult(np.zeros((m, 0), A.dtype), np.zeros((0, n), A.dtype), perm, 0)
+    if is_dask_array(A):  # two more passes over the chunks: the Gram, then Q (lazy)
+        Q, R_pre = dask_lowrank.cqrrpt(A[:, perm[:rank]], SA, rank, R_sk)
+        return QRPivotedResult(Q, R_pre @ R_sk[:rank, :], perm, rank)
     # A[:, perm[:k]] is copied once (it becomes Q); its transpose is Fortran-ordered, so the
     # triangular solves run in place as R^-T (A_k).T.
     Qt = np.asfortranarray(A[:, perm[:rank]].T)

@@ -21,6 +21,8 @@ import scipy.sparse.linalg
 from scipy.sparse.linalg import LinearOperator
 
 from rsketch._validation import check_int, check_operand, check_option, check_real, check_seed, seed_sequence
+from rsketch.dask import _lowrank as dask_lowrank
+from rsketch.dask._sketch import is_dask_array
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
 RANGE_METHODS = ("subspace", "block_krylov")
@@ -151,8 +153,13 @@ class NystromResult:
 
 
 # ----------------------------------------------------------------------------------------- input
-def _check_matrix(A, name="A"):
-    """``A`` as a dense float32/float64 array, a CSR/CSC matrix or a LinearOperator; its dtype."""
+def _check_matrix(A, name="A", dask=False):
+    """``A`` as a dense float32/float64 array, a CSR/CSC matrix or a LinearOperator; its dtype.
+    With ``dask``, a tall Dask array too (kept lazy, one column chunk)."""
+    if is_dask_array(A):
+        if not dask:
+            raise TypeError(f"{name} is a Dask array: only range_finder, svd and qr_pivoted take one")
+        return dask_lowrank.check_tall_dask(A, name)
     if isinstance(A, LinearOperator):
         dt = np.dtype(A.dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -304,7 +311,7 @@ def range_finder(
 def _find_range(A, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed, keep=None):
     """:func:`range_finder`; ``keep`` (a list) receives ``Q_j.T A`` of every block Krylov block but the
     last, computed on the way (:func:`svd` then needs one pass of ``l`` columns for ``Q.T A``)."""
-    A, dtype = _check_matrix(A)
+    A, dtype = _check_matrix(A, dask=True)
     m, n = A.shape
     rank = _check_rank(rank, m, n)
     oversample = check_int(oversample, "oversample", minimum=0)
@@ -315,16 +322,35 @@ def _find_range(A, rank, sketch, oversample, passes, method, tol, block_size, er
         raise ValueError(f"method='block_krylov' needs an odd number of passes (2 q + 1), got {passes}")
     seeds = seed_sequence(seed).spawn(2)
     if tol is not None:
+        if is_dask_array(A):
+            raise ValueError("tol (the adaptive range finder) is not available for Dask input; give rank")
         tol = check_real(tol, "tol")
         if not tol > 0:
             raise ValueError(f"tol must be > 0, got {tol}")
         block_size = check_int(block_size, "block_size", minimum=1)
         return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
     width = min(rank + oversample, m, n)
+    if is_dask_array(A):
+        return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
     Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep)
     est = None
     if error_probes:
         est = _estimate(A, lambda W, AW: Q @ (Q.T @ AW), np.random.default_rng(seeds[1]), dtype)
+    return RangeFinderResult(Q, est, passes + (1 if error_probes else 0), method)
+
+
+def _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep):
+    """The range finder on a tall Dask ``A`` (:mod:`rsketch.dask._lowrank`): the same sketch, the
+    passes as map-reduces over the row chunks, ``Q`` a persisted Dask array."""
+    m, n = A.shape
+    first = _draw(sketch, n if passes % 2 else m, width, seeds[0], dtype)
+    Q, kept = dask_lowrank.basis(A, first, passes, method)
+    if keep is not None:
+        keep.extend(kept)
+    est = None
+    if error_probes:
+        W = np.random.default_rng(seeds[1]).standard_normal((n, PROBES)).astype(dtype, copy=False)
+        est = 10 * math.sqrt(2 / math.pi) * dask_lowrank.estimate_error(A, lambda W: Q @ (Q.T @ (A @ W)), W)
     return RangeFinderResult(Q, est, passes + (1 if error_probes else 0), method)
 
 
@@ -431,9 +457,13 @@ def svd(
     (True, True)
     """
     t0 = time.perf_counter()
-    A, dtype = _check_matrix(A)
+    A, dtype = _check_matrix(A, dask=True)
     m, n = A.shape
     rank = _check_rank(rank, m, n)
+    if is_dask_array(A):
+        return _dask_svd(
+            A, rank, sketch, oversample, passes, method, error_probes, flip_sign, seed, dtype, t0
+        )
     keep = []
     found = _find_range(A, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep)
     t1 = time.perf_counter()
@@ -458,6 +488,35 @@ def svd(
     t3 = time.perf_counter()
     passes_used = found.passes + 1 + (1 if error_probes else 0)
     timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
+    return SVDResult(U, s.astype(dtype, copy=False), Vt, est, passes_used, timings)
+
+
+def _dask_svd(A, rank, sketch, oversample, passes, method, error_probes, flip_sign, seed, dtype, t0):
+    """:func:`svd` of a tall Dask ``A``: ``U`` a Dask array (persisted), ``s`` and ``Vt`` in memory."""
+    keep = []
+    found = _find_range(A, rank, sketch, oversample, passes, method, None, 10, False, seed, keep)
+    t1 = time.perf_counter()
+    B = dask_lowrank.project(A, found.Q, keep)
+    Ub, s, Vt = scipy.linalg.svd(B, full_matrices=False, check_finite=False, lapack_driver="gesdd")
+    k = min(rank, s.size)
+    U = (found.Q @ Ub[:, :k].astype(dtype, copy=False)).persist()
+    s, Vt = s[:k], Vt[:k]
+    if flip_sign:
+        U, Vt = dask_lowrank.flip_signs(U, Vt)
+        U = U.persist()
+    t2 = time.perf_counter()
+    est = None
+    if error_probes:
+        rng = np.random.default_rng(seed_sequence(seed).spawn(3)[2])
+        W = rng.standard_normal((A.shape[1], PROBES)).astype(dtype, copy=False)
+        est = (
+            10
+            * math.sqrt(2 / math.pi)
+            * dask_lowrank.estimate_error(A, lambda W: U @ (s[:, None] * (Vt @ W)), W)
+        )
+    t3 = time.perf_counter()
+    timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
+    passes_used = found.passes + 1 + (1 if error_probes else 0)
     return SVDResult(U, s.astype(dtype, copy=False), Vt, est, passes_used, timings)
 
 

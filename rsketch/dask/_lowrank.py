@@ -1,0 +1,135 @@
+"""Low-rank approximation of a tall Dask array: the passes of :func:`rsketch.range_finder`,
+:func:`rsketch.svd` and :func:`rsketch.qr_pivoted` as map-reduces over its row chunks.
+
+A tall ``A`` (``m x n``, chunked by rows, ``n`` small enough for an ``n x l`` array on the client):
+
+- ``A @ Z`` (``Z`` a client ``n x l`` array) is a map over the chunks, whose ``m x l`` result is
+  persisted (the basis lives where the chunks do);
+- ``A.T @ Q`` and ``Q.T @ A`` are reductions whose ``n x l`` result comes to the client;
+- a basis is orthonormalised by CholeskyQR2 (two Gram reductions and triangular solves per chunk),
+  or by Dask's TSQR when the block is too ill-conditioned for it;
+- a first pass from ``A.T`` is the lazy sketch ``S @ A`` of :mod:`rsketch.dask._sketch`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from rsketch.dask._sketch import check_dask_operand
+
+# As rsketch.linalg._lowrank.CHOLQR_MAX_COND: CholeskyQR2 is orthonormal to O(u) below it.
+CHOLQR_MAX_COND = {np.dtype(np.float64): 1e5, np.dtype(np.float32): 1e2}
+
+
+def check_tall_dask(A, name="A"):
+    """A 2-D float Dask array with one column chunk (no data read); its dtype."""
+    A, is_vector = check_dask_operand(A, None, name)
+    if is_vector:
+        raise ValueError(f"{name} must be 2-D, got a vector of shape {A.shape[:1]}")
+    return A.rechunk({1: -1}), A.dtype
+
+
+def _solve_right(block, R):
+    """``block @ R^-1`` for an upper-triangular ``R`` (a triangular solve, never an inverse)."""
+    return scipy.linalg.solve_triangular(R, np.asarray(block).T, trans="T", lower=False, check_finite=False).T
+
+
+def times_inverse_triangle(Y, R):
+    """``Y @ R^-1``, chunk by chunk (lazy)."""
+    return Y.map_blocks(_solve_right, R, dtype=Y.dtype, chunks=(Y.chunks[0], (R.shape[1],)))
+
+
+def orth(Y):
+    """Orthonormal basis of ``range(Y)`` for a tall Dask ``Y``, persisted: CholeskyQR2, else TSQR."""
+    import dask.array as da
+
+    Y = Y.rechunk({1: -1}).persist()
+    limit = CHOLQR_MAX_COND.get(np.dtype(Y.dtype), 1e5)
+    Q = Y
+    for _ in range(2):
+        G = np.asarray((Q.T @ Q).compute(), dtype=np.float64)
+        try:
+            R = scipy.linalg.cholesky((G + G.T) / 2, lower=False, check_finite=False)
+        except np.linalg.LinAlgError:
+            break
+        if not np.linalg.cond(R) <= limit:
+            break
+        Q = times_inverse_triangle(Q, R.astype(Y.dtype)).persist()
+    else:
+        return Q
+    return da.linalg.tsqr(Y)[0].persist()
+
+
+def basis(A, first, passes, method):
+    """The range finder's basis of a tall Dask ``A``, persisted, and ``Q_j.T A`` of the block Krylov
+    blocks but the last (as :func:`rsketch.linalg._lowrank._basis`).
+
+    ``first`` is the sketch operator of the first pass: ``(l, n)`` for an odd ``passes`` (``A @ S.T``,
+    ``S.T`` generated as a client ``n x l`` block), ``(l, m)`` for an even one (the lazy ``S @ A``).
+    """
+    if passes % 2:
+        Y = A @ np.asarray(first.to_dense().T, dtype=A.dtype)
+        rounds = passes // 2
+    else:
+        Z = np.asarray((first @ A).compute()).T
+        Y = A @ np.linalg.qr(Z)[0].astype(A.dtype)
+        rounds = passes // 2 - 1
+    blocks, keep = [orth(Y)], []
+    for _ in range(rounds):
+        P = np.asarray((A.T @ blocks[-1]).compute())
+        if method == "block_krylov":
+            keep.append(P.T.copy())
+        Z = np.linalg.qr(P)[0].astype(A.dtype)
+        Y = A @ Z
+        if method == "subspace":
+            blocks = [orth(Y)]
+            continue
+        for _ in range(2):  # CGS2 against the blocks so far, as in memory
+            for B in blocks:
+                Y = Y - B @ (B.T @ Y).compute()
+            Y = Y.persist()
+        blocks.append(orth(Y))
+    import dask.array as da
+
+    Q = blocks[0] if len(blocks) == 1 else da.concatenate(blocks, axis=1).rechunk({1: -1}).persist()
+    return Q, keep
+
+
+def project(A, Q, keep):
+    """``Q.T A`` (``l x n``) on the client: one pass for the blocks ``keep`` does not hold."""
+    done = sum(b.shape[0] for b in keep)
+    rest = np.asarray((Q[:, done:].T @ A).compute())
+    return np.vstack(keep + [rest])
+
+
+def estimate_error(A, approx, W):
+    """HMT (4.3) for a Dask ``A``: ``max_i ||A w_i - approx(w_i)||`` over the columns of ``W``
+    (the caller scales it); ``approx(W)`` is a Dask array (``U (s Vt W)``, ``Q (Q.T A W)``). One pass."""
+    R = A @ W - approx(W)
+    return float(np.sqrt((R * R).sum(axis=0).compute()).max())
+
+
+def flip_signs(U, Vt):
+    """scikit-learn's ``svd_flip(u_based_decision=True)`` for a Dask ``U``: the largest entry of each
+    column of ``U`` made positive (one pass over ``U``)."""
+    rows = np.asarray(abs(U).argmax(axis=0).compute())
+    picked = np.asarray(U.vindex[rows, np.arange(U.shape[1])].compute())
+    signs = np.where(picked < 0, -1.0, 1.0).astype(Vt.dtype)
+    return U * signs, Vt * signs[:, None]
+
+
+def cqrrpt(A, SA, rank, R_sk):
+    """The passes of CQRRPT after the sketch: ``A_pre = A[:, perm[:k]] R_sk11^-1`` (lazy), its Gram
+    (one pass), and ``Q = A_pre R_pre^-1`` (lazy, chunk by chunk); ``(Q, R_pre)``."""
+    R1 = np.asarray(R_sk[:rank, :rank], dtype=A.dtype)
+    A_pre = times_inverse_triangle(A, R1)
+    G = np.asarray((A_pre.T @ A_pre).compute(), dtype=np.float64)
+    try:
+        R_pre = scipy.linalg.cholesky((G + G.T) / 2, lower=False, check_finite=False)
+    except np.linalg.LinAlgError:
+        raise ValueError(
+            "the sketch did not precondition A (Cholesky of the preconditioned Gram failed); use a "
+            "larger sketch_size or a Gaussian sketch"
+        ) from None
+    return times_inverse_triangle(A_pre, R_pre.astype(A.dtype)), R_pre

@@ -1,0 +1,94 @@
+"""range_finder, svd and qr_pivoted of tall Dask arrays (issue 21, item 6), on Dask's threaded scheduler.
+
+The same seed draws the same sketch as in memory, and the passes are the same products summed over
+row chunks, so the results agree with the in-memory ones to rounding; ``svd_compressed`` is the peer.
+"""
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import rsketch
+
+M, N = 6000, 40
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    rng = np.random.default_rng(0)
+    s = np.exp(-np.arange(N) / 4)
+    U = np.linalg.qr(rng.standard_normal((M, N)))[0]
+    V = np.linalg.qr(rng.standard_normal((N, N)))[0]
+    return (U * s) @ V.T, s
+
+
+@pytest.mark.parametrize("passes, method", [(1, "subspace"), (4, "subspace"), (3, "block_krylov")])
+def test_svd_equals_in_memory(matrix, passes, method):
+    A, _ = matrix
+    Ad = da.from_array(A, chunks=((1000, 2500, 7, 2493), (25, 15)))
+    with dask.config.set(scheduler="threads"):
+        res = rsketch.svd(Ad, 8, passes=passes, method=method, seed=3)
+        U = res.U.compute()
+    ref = rsketch.svd(A, 8, passes=passes, method=method, seed=3)
+    assert isinstance(res.U, da.Array) and res.passes == ref.passes
+    np.testing.assert_allclose(res.s, ref.s, rtol=1e-12)
+    np.testing.assert_allclose(U, ref.U, atol=1e-10)  # same signs (svd_flip on U)
+    np.testing.assert_allclose(res.Vt, ref.Vt, atol=1e-10)
+    assert res.error_estimate == pytest.approx(ref.error_estimate, rel=1e-10)
+
+
+def test_range_finder_is_orthonormal_and_matches_in_memory(matrix):
+    A, _ = matrix
+    Ad = da.from_array(A, chunks=(1500, N))
+    with dask.config.set(scheduler="threads"):
+        res = rsketch.range_finder(Ad, 10, passes=3, seed=1)
+        Q = res.Q.compute()
+    ref = rsketch.range_finder(A, 10, passes=3, seed=1)
+    np.testing.assert_allclose(Q.T @ Q, np.eye(20), atol=1e-14)
+    np.testing.assert_allclose(Q @ (Q.T @ A), ref.Q @ (ref.Q.T @ A), atol=1e-12)
+
+
+def test_svd_against_dask_svd_compressed(matrix):
+    A, s = matrix
+    k = 8
+    Ad = da.from_array(A, chunks=(1500, N))
+    optimum = np.sqrt(np.sum(s[k:] ** 2))
+    with dask.config.set(scheduler="threads"):
+        # Four passes each: svd_compressed's sketch, one power iteration (two), and its projection.
+        ours = rsketch.svd(Ad, k, passes=3, error_probes=False, seed=0)
+        ours_err = np.linalg.norm(A - (ours.U.compute() * ours.s) @ ours.Vt)
+        U, sv, Vt = da.linalg.svd_compressed(Ad, k, n_power_iter=1, seed=0, compute=True)
+        theirs_err = np.linalg.norm(A - (U.compute() * sv.compute()) @ Vt.compute())
+    assert ours.passes == 4
+    assert optimum <= ours_err <= 1.001 * optimum
+    assert ours_err <= theirs_err * (1 + 1e-6)
+    np.testing.assert_allclose(ours.s, sv.compute(), rtol=1e-6)
+
+
+def test_qr_pivoted_equals_in_memory_and_is_accurate():
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((8000, 30)) * np.logspace(0, -10, 30)  # condition number 1e10
+    Ad = da.from_array(A, chunks=(3000, 30))
+    with dask.config.set(scheduler="threads"):
+        res = rsketch.qr_pivoted(Ad, seed=2)
+        Q = res.Q.compute()
+    ref = rsketch.qr_pivoted(A, seed=2)
+    np.testing.assert_array_equal(res.perm, ref.perm)
+    assert res.rank == ref.rank == 30
+    u = np.finfo(np.float64).eps
+    assert np.linalg.norm(A[:, res.perm] - Q @ res.R) <= 10 * u * np.linalg.norm(A)
+    assert np.linalg.norm(Q.T @ Q - np.eye(30), 2) <= 1e-14
+    np.testing.assert_allclose(res.R, ref.R, rtol=1e-10, atol=1e-10 * np.abs(ref.R).max())
+
+
+def test_unsupported_dask_calls_say_so():
+    Ad = da.ones((100, 5), chunks=(30, 5))
+    with pytest.raises(ValueError, match="not available for Dask"):
+        rsketch.range_finder(Ad, 2, tol=1e-3)
+    with pytest.raises(TypeError, match="Dask array"):
+        rsketch.eigh(da.eye(10, chunks=5), 2)
+    with pytest.raises(ValueError, match="tall"):
+        rsketch.qr_pivoted(da.ones((5, 10), chunks=(5, 10)))
+    with pytest.raises(ValueError, match="2-D"):
+        rsketch.svd(da.ones(10, chunks=5), 1)

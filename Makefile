@@ -55,6 +55,7 @@ torch:
 figures: $(STAMP)
 	$(BIN)/python -m rsketch.experiments.raskutti_mahoney --out docs/figures
 	$(BIN)/python -m rsketch.experiments.stability --out docs/figures
+	$(BIN)/python -m rsketch.experiments.lowrank --out docs/figures
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache docs/_build docs/api/generated

@@ -12,6 +12,7 @@ AREAS = {
     "efficiency": "benchmarks.efficiency",
     "operators": "benchmarks.operators",
     "solvers": "benchmarks.solvers",
+    "lowrank": "benchmarks.lowrank",
     "dask": "benchmarks.dask_cluster",
     "decoding": "benchmarks.decoding_engine",
     "speculative": "benchmarks.speculative",

@@ -33,6 +33,7 @@ AREA_TITLES = {
     "Dense least squares": "solvers",
     "Sparse least squares": "solvers",
     "Sketch-and-solve": "solvers",
+    "Low-rank approximation": "lowrank",
     "Decoding engine": "decoding",
     "Speculative decoding": "speculative",
     "Continuous batching": "serving",

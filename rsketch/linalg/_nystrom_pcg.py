@@ -8,8 +8,9 @@ Frangella, Tropp & Udell (2023): from a rank-``l`` Nyström approximation
 which costs ``O(n l)`` per application. Their Theorem 5.1: when ``l >= 2 ceil(1.5 d_eff(mu)) + 1``,
 with ``d_eff(mu) = tr(A (A + mu I)^-1)`` the effective dimension, the preconditioned matrix has
 ``E[kappa] < 28``, so PCG reaches a relative error ``eps`` in ``O(log(1/eps))`` iterations whatever
-the conditioning of ``A + mu I``. The rank is chosen adaptively (their section 5.4): it doubles
-until ``lambda_l <= target_ratio * mu``, the sign that ``l`` has passed ``d_eff(mu)``.
+the conditioning of ``A + mu I``. The rank is chosen adaptively (their section 5.4): the sketch
+doubles, keeping its columns, until ``lambda_l <= target_ratio * mu``, the sign that ``l`` has
+passed ``d_eff(mu)``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 from scipy.sparse.linalg import LinearOperator
 
 from rsketch._validation import check_int, check_real, check_seed, seed_sequence
 from rsketch.linalg._lowrank import NystromResult, _check_matrix, nystrom
 from rsketch.linalg._results import ConvergenceWarning
+from rsketch.operators import make_sketch
 
 
 @dataclass(frozen=True)
@@ -119,14 +122,16 @@ def nystrom_pcg(
     b : ndarray of shape (n,) or (n, k)
     mu : float > 0
     rank : int, optional
-        The Nyström rank (``rank + oversample`` columns). Default: adaptive, from 50 doubling
-        (a fresh sketch each time) until ``lambda_l <= target_ratio * mu`` or ``max_rank``.
+        The Nyström rank (``rank + oversample`` columns, :func:`rsketch.linalg.nystrom`). Default:
+        adaptive, 50 columns doubling (the old ones kept) until ``lambda_l <= target_ratio * mu``
+        or ``max_rank`` columns.
     max_rank : int, default 1000
     target_ratio : float, default 10
         With ``lambda_l <= target_ratio mu`` the preconditioned condition number is about
         ``1 + target_ratio`` plus the approximation error over ``mu`` (Frangella et al., Prop. 5.3).
     oversample : int, default 10
-    sketch : str or SketchOperator, default "gaussian"
+        With ``rank`` only.
+    sketch : str, default "gaussian"
         The Nyström test matrix (see :func:`rsketch.linalg.nystrom`).
     tol : float, default 1e-12
         Stop when ``||r|| <= tol ||b||`` (per column).
@@ -177,13 +182,8 @@ def nystrom_pcg(
         approx = nystrom(A, rank, sketch=sketch, oversample=oversample, seed=seeds.spawn(1)[0])
         matvecs += approx.U.shape[1]
     else:
-        r = min(50, max_rank)
-        while True:
-            approx = nystrom(A, r, sketch=sketch, oversample=oversample, seed=seeds.spawn(1)[0])
-            matvecs += approx.U.shape[1]
-            if approx.eigenvalues[-1] <= target_ratio * mu or r >= max_rank:
-                break
-            r = min(2 * r, max_rank)
+        approx, used = _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, target_ratio * mu)
+        matvecs += used
     P_inv = nystrom_preconditioner(approx, mu)
     B = b.reshape(n, -1).astype(np.result_type(dtype, b.dtype, np.float32), copy=False)
     X = np.zeros_like(B)
@@ -201,6 +201,50 @@ def nystrom_pcg(
         )
     x = X[:, 0] if b.ndim == 1 else X
     return NystromPCGResult(x, its, norms, converged, approx, matvecs)
+
+
+def _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, threshold, start=50):
+    """Nyström approximation whose sketch doubles until ``lambda_l <= threshold`` or ``max_rank``.
+
+    Each round keeps the columns it has (``Omega`` and ``Y = A Omega``) and adds as many new ones,
+    orthogonalised against them, so ``A`` is applied to ``l`` columns in all (not ``2 l``); between
+    rounds only ``lambda_l`` is needed, from the ``l x l`` eigenproblem of ``B.T B``, and the
+    ``n x l`` SVD of :func:`nystrom` is taken once, at the end. Returns ``(NystromResult, columns)``.
+    """
+    Omega, Y = np.zeros((n, 0), dtype), np.zeros((n, 0), dtype)
+    width = min(start, max_rank)
+    for child in seeds.spawn(64):
+        G = np.asarray(make_sketch(sketch, n, width - Omega.shape[1], seed=child, dtype=dtype).to_dense().T)
+        for _ in range(2):  # against the columns so far, twice (Giraud et al. 2005)
+            G = G - Omega @ (Omega.T @ G)
+        G = np.linalg.qr(G)[0].astype(dtype, copy=False)
+        Omega, Y = np.hstack([Omega, G]), np.hstack([Y, np.asarray(A @ G)])
+        B, nu = _stable_factor(Omega, Y)
+        sigma2 = scipy.linalg.eigvalsh(B.T @ B, check_finite=False)
+        if sigma2[0] - nu <= threshold or width >= max_rank:
+            break
+        width = min(2 * width, max_rank)
+    U, sigma, _ = scipy.linalg.svd(B, full_matrices=False, check_finite=False)
+    lam = np.maximum(sigma**2 - nu, 0.0).astype(dtype, copy=False)
+    return NystromResult(U, lam, nu), Omega.shape[1]
+
+
+def _stable_factor(Omega, Y):
+    """Tropp et al. (2017)'s shifted factor ``B = Y_nu C^-1`` (``A_nys + nu I = B B.T`` on range(Omega))
+    and the shift ``nu = sqrt(n) eps ||Y||_F`` (Frobenius: an upper bound of the spectral norm, no SVD)."""
+    n = Omega.shape[0]
+    nu = math.sqrt(n) * np.finfo(Y.dtype).eps * float(np.linalg.norm(Y))
+    Y_nu = Y + nu * Omega
+    core = Omega.T @ Y_nu
+    try:
+        C = scipy.linalg.cholesky((core + core.T) / 2, lower=False, check_finite=False)
+    except np.linalg.LinAlgError:
+        w = scipy.linalg.eigvalsh(Omega.T @ Y, check_finite=False)
+        raise ValueError(
+            f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} "
+            f"(largest {w[-1]:.3g}); nystrom_pcg needs a PSD matrix"
+        ) from None
+    return scipy.linalg.solve_triangular(C, Y_nu.T, trans="T", lower=False, check_finite=False).T, nu
 
 
 def _pcg(A, mu, b, P_inv, tol, max_iter, callback):

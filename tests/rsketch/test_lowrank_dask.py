@@ -92,3 +92,30 @@ def test_unsupported_dask_calls_say_so():
         rsketch.qr_pivoted(da.ones((5, 10), chunks=(5, 10)))
     with pytest.raises(ValueError, match="2-D"):
         rsketch.svd(da.ones(10, chunks=5), 1)
+
+
+def test_on_a_distributed_cluster_against_svd_compressed(matrix):
+    # An in-process LocalCluster (threads): the distributed scheduler, persist and gathers to the
+    # client, without the cost of starting worker processes (test_dask.py's process cluster covers those).
+    from distributed import Client, LocalCluster
+
+    A, s = matrix
+    k = 8
+    Ad = da.from_array(A, chunks=(1500, N))
+    optimum = np.sqrt(np.sum(s[k:] ** 2))
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster),  # the default scheduler inside the block
+    ):
+        ours = rsketch.svd(Ad, k, passes=3, error_probes=False, seed=0)
+        ours_U = ours.U.compute()
+        U, sv, Vt = da.linalg.svd_compressed(Ad, k, n_power_iter=1, seed=0)
+        U, sv, Vt = dask.compute(U, sv, Vt)
+        qr = rsketch.qr_pivoted(Ad, seed=2)
+        Q = qr.Q.compute()
+    ref = rsketch.svd(A, k, passes=3, error_probes=False, seed=0)
+    np.testing.assert_allclose(ours.s, ref.s, rtol=1e-12)
+    np.testing.assert_allclose(ours_U, ref.U, atol=1e-10)
+    ours_err = np.linalg.norm(A - (ours_U * ours.s) @ ours.Vt)
+    assert optimum <= ours_err <= np.linalg.norm(A - (U * sv) @ Vt) * (1 + 1e-6)
+    assert np.linalg.norm(A[:, qr.perm] - Q @ qr.R) <= 10 * np.finfo(float).eps * np.linalg.norm(A)

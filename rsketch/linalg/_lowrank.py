@@ -222,7 +222,8 @@ def _orth(Y):
     on the machines measured took longer than the products themselves.
     """
     limit = CHOLQR_MAX_COND if Y.dtype == np.float64 else 1e2
-    Y = np.ascontiguousarray(Y)
+    fortran = Y.flags.f_contiguous and not Y.flags.c_contiguous  # a block of a Fortran-ordered basis
+    Y = Y if fortran else np.ascontiguousarray(Y)
     for _ in range(2):
         try:
             R = scipy.linalg.cholesky(Y.T @ Y, lower=False, check_finite=False)
@@ -230,9 +231,11 @@ def _orth(Y):
             break
         if not np.linalg.cond(R) <= limit:  # the l x l triangle's SVD; also catches NaN
             break
-        # Y R^-1 as R^-T Y.T on the Fortran-ordered view Y.T: trsm writes into Y.
         trsm = scipy.linalg.blas.get_blas_funcs("trsm", (R, Y))
-        trsm(1.0, R, Y.T, side=0, lower=0, trans_a=1, overwrite_b=1)
+        if fortran:  # Y R^-1 in place
+            trsm(1.0, R, Y, side=1, lower=0, trans_a=0, overwrite_b=1)
+        else:  # as R^-T Y.T on the Fortran-ordered view Y.T: trsm writes into Y
+            trsm(1.0, R, Y.T, side=0, lower=0, trans_a=1, overwrite_b=1)
     else:
         return Y
     return scipy.linalg.qr(Y, mode="economic", overwrite_a=True, check_finite=False)[0]
@@ -363,6 +366,10 @@ def _basis(A, width, passes, method, sketch, seed, dtype, keep=None):
         Z = _orth(_times_sketch(_transpose(A), _draw(sketch, m, width, seed, dtype)))
         Y = _matmat(A, Z)
         rounds = passes // 2 - 1
+    if method == "block_krylov":
+        rounds = min(rounds, min(m, n) // width - 1)  # the space cannot outgrow min(m, n)
+    if method == "block_krylov" and rounds > 0 and isinstance(A, np.ndarray):
+        return _block_krylov_dense(A, Y, rounds, keep)
     blocks = [_orth(Y)]
     for _ in range(rounds):
         P = _rmatmat(A, blocks[-1])
@@ -378,8 +385,55 @@ def _basis(A, width, passes, method, sketch, seed, dtype, keep=None):
         for _ in range(2):
             for B in blocks:
                 Y -= B @ (B.T @ Y)
-        blocks.append(_orth(Y))
+        Y = _orth(Y)
+        lost = any(np.abs(B.T @ Y).max() > KRYLOV_ORTH_TOL for B in blocks)
+        blocks.append(Y)
+        if lost:
+            return _reorthonormalize(np.hstack(blocks), keep)
     return blocks[0] if len(blocks) == 1 else np.hstack(blocks)
+
+
+def _block_krylov_dense(A, Y, rounds, keep):
+    """Block Krylov for a dense ``A`` in one Fortran-ordered basis ``K`` (each block a contiguous
+    ``m x l`` slice) and one scratch block: no ``m x l`` array is allocated per step (their page
+    faults cost more than the products on the machines measured)."""
+    m, width = Y.shape
+    K = np.empty((m, width * (rounds + 1)), dtype=Y.dtype, order="F")
+    scratch = np.empty((m, width), dtype=Y.dtype, order="F")
+    K[:, :width] = Y
+    _orth_into(K[:, :width])
+    for j in range(1, rounds + 1):
+        P = K[:, (j - 1) * width : j * width].T @ A  # Q_{j-1}.T A, (l, n)
+        if keep is not None:
+            keep.append(P.copy())
+        Z = _orth(P.T)
+        block, done = K[:, j * width : (j + 1) * width], K[:, : j * width]
+        np.matmul(Z.T, A.T, out=block.T)  # A Z, written through the C-ordered view block.T
+        for _ in range(2):  # CGS2 against the space so far
+            np.matmul((done.T @ block).T, done.T, out=scratch.T)
+            block -= scratch
+        _orth_into(block)
+        if np.abs(done.T @ block).max() > KRYLOV_ORTH_TOL:
+            return _reorthonormalize(K[:, : (j + 1) * width], keep)
+    return K
+
+
+# A Krylov block that A's range no longer feeds (A of lower rank than the space) is rounding noise
+# that CGS2 cannot make orthogonal to the earlier blocks; checked after each block.
+KRYLOV_ORTH_TOL = 1e-10
+
+
+def _reorthonormalize(K, keep):
+    """Householder QR of the whole space (the projections kept on the way no longer apply)."""
+    if keep is not None:
+        keep.clear()
+    return scipy.linalg.qr(K, mode="economic", check_finite=False)[0]
+
+
+def _orth_into(block):
+    Q = _orth(block)
+    if Q is not block:  # Householder's fallback returned a new array
+        block[...] = Q
 
 
 def _transpose(A):
@@ -419,8 +473,8 @@ def svd(
     *,
     sketch="sparse_sign",
     oversample=10,
-    passes=3,
-    method="subspace",
+    passes=5,
+    method="block_krylov",
     tol=None,
     error_probes=True,
     flip_sign=True,
@@ -436,8 +490,13 @@ def svd(
     ----------
     A : ndarray, sparse matrix or LinearOperator of shape (m, n)
     rank : int
-    sketch, oversample, passes, method, tol, seed
+    sketch, oversample, tol, seed
         As for :func:`range_finder`.
+    passes : int, default 5
+    method : {"block_krylov", "subspace"}, default "block_krylov"
+        As for :func:`range_finder`. The defaults (a block Krylov space of three blocks) gave a
+        smaller Frobenius error than scikit-learn's ``randomized_svd`` defaults (four power
+        iterations) on fast and slow spectral decays, in less time (``docs/lowrank.md``).
     error_probes : bool, default True
         Estimate ``||A - U diag(s) Vt||_2`` (one more pass).
     flip_sign : bool, default True

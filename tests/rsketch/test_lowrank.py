@@ -254,3 +254,19 @@ def test_bad_input_gets_a_clear_error(call, match):
 def test_low_rank_names_are_public():
     for name in ("range_finder", "svd", "eigh", "nystrom", "qr_pivoted", "interpolative"):
         assert getattr(rsketch, name) is getattr(rsketch.linalg, name)
+
+
+@pytest.mark.parametrize("shape", [(400, 150), (3, 3), (40, 12)])
+def test_block_krylov_past_the_rank_of_a_stays_exact(shape):
+    # The Krylov space outgrows rank(A) (or min(m, n)): its later blocks are rounding noise that must
+    # not come back as spurious directions (a wrong U and repeated singular values).
+    rng = np.random.default_rng(13)
+    m, n = shape
+    r = min(3, m, n)
+    A = rng.standard_normal((m, r)) @ rng.standard_normal((r, n))
+    s = np.linalg.svd(A, compute_uv=False)[:r]
+    for X in (A, sp.csr_matrix(A)):
+        res = svd(X, r, seed=0)  # block Krylov, 5 passes
+        np.testing.assert_allclose(res.s, s, rtol=1e-10)
+        assert np.allclose(res.U.T @ res.U, np.eye(r), atol=1e-12)
+        assert np.linalg.norm(A - (res.U * res.s) @ res.Vt) <= 1e-10 * np.linalg.norm(A)

@@ -202,10 +202,17 @@ def _rmatmat(A, Y):
 
 
 def _matmat(A, Y, out=None):
-    """``A @ Y``, into ``out`` (``m x l``, C-ordered) where ``A`` is a dense array."""
+    """``A @ Y``; with ``out`` (``m x l``, C- or Fortran-ordered), written into it."""
     if isinstance(A, np.ndarray) and out is not None:
-        return np.matmul(A, Y, out=out)
-    return np.asarray(A @ Y) if not isinstance(A, LinearOperator) else A.matmat(Y)
+        if out.flags.c_contiguous:
+            return np.matmul(A, Y, out=out)
+        np.matmul(Y.T, A.T, out=out.T)  # through the C-ordered view out.T: no temporary
+        return out
+    AY = np.asarray(A @ Y) if not isinstance(A, LinearOperator) else A.matmat(Y)
+    if out is None:
+        return AY
+    out[...] = AY
+    return out
 
 
 # Cholesky QR is used while cond(Y) <= CHOLQR_MAX_COND: its loss of orthogonality after the first
@@ -368,48 +375,32 @@ def _basis(A, width, passes, method, sketch, seed, dtype, keep=None):
         rounds = passes // 2 - 1
     if method == "block_krylov":
         rounds = min(rounds, min(m, n) // width - 1)  # the space cannot outgrow min(m, n)
-    if method == "block_krylov" and rounds > 0 and isinstance(A, np.ndarray):
-        return _block_krylov_dense(A, Y, rounds, keep)
-    blocks = [_orth(Y)]
+        return _block_krylov(A, Y, rounds, keep)
+    Q = _orth(Y)
     for _ in range(rounds):
-        P = _rmatmat(A, blocks[-1])
-        if keep is not None and method == "block_krylov":
-            keep.append(P.T.copy())  # Q_j.T A, before _orth overwrites P
-        Z = _orth(P)
-        if method == "subspace":
-            blocks = [_orth(_matmat(A, Z, out=blocks[-1]))]  # the last block's memory is free now
-            continue
-        Y = _matmat(A, Z)
-        # The new block orthogonalised against the space so far twice (CGS2), then within itself:
-        # the blocks together are orthonormal to O(u) and need no final QR.
-        for _ in range(2):
-            for B in blocks:
-                Y -= B @ (B.T @ Y)
-        Y = _orth(Y)
-        lost = any(np.abs(B.T @ Y).max() > KRYLOV_ORTH_TOL for B in blocks)
-        blocks.append(Y)
-        if lost:
-            return _reorthonormalize(np.hstack(blocks), keep)
-    return blocks[0] if len(blocks) == 1 else np.hstack(blocks)
+        Z = _orth(_rmatmat(A, Q))
+        Q = _orth(_matmat(A, Z, out=Q))  # the last block's memory is free now
+    return Q
 
 
-def _block_krylov_dense(A, Y, rounds, keep):
-    """Block Krylov for a dense ``A`` in one Fortran-ordered basis ``K`` (each block a contiguous
-    ``m x l`` slice) and one scratch block: no ``m x l`` array is allocated per step (their page
-    faults cost more than the products on the machines measured)."""
+def _block_krylov(A, Y, rounds, keep):
+    """Block Krylov in one Fortran-ordered basis ``K`` (each block a contiguous ``m x l`` slice) and
+    one scratch block: no ``m x l`` array is allocated per step (their page faults cost more than
+    the products on the machines measured). ``keep`` receives ``Q_j.T A`` of every block but the
+    last."""
     m, width = Y.shape
     K = np.empty((m, width * (rounds + 1)), dtype=Y.dtype, order="F")
     scratch = np.empty((m, width), dtype=Y.dtype, order="F")
     K[:, :width] = Y
     _orth_into(K[:, :width])
     for j in range(1, rounds + 1):
-        P = K[:, (j - 1) * width : j * width].T @ A  # Q_{j-1}.T A, (l, n)
+        P = _rmatmat(A, K[:, (j - 1) * width : j * width])  # A.T Q_{j-1}, (n, l)
         if keep is not None:
-            keep.append(P.copy())
-        Z = _orth(P.T)
+            keep.append(P.T.copy())  # Q_{j-1}.T A, before _orth overwrites P
+        Z = _orth(P)
         block, done = K[:, j * width : (j + 1) * width], K[:, : j * width]
-        np.matmul(Z.T, A.T, out=block.T)  # A Z, written through the C-ordered view block.T
-        for _ in range(2):  # CGS2 against the space so far
+        _matmat(A, Z, out=block)
+        for _ in range(2):  # CGS2 against the space so far: the blocks need no final QR
             np.matmul((done.T @ block).T, done.T, out=scratch.T)
             block -= scratch
         _orth_into(block)

@@ -193,7 +193,7 @@ def lstsq(
             log.finish = "refine"
             if max_iter is None:
                 max_iter = default_max_iter(p, r)
-            inner = choose_inner(design, factor, Y.shape[1]) if inner_solver == "auto" else inner_solver
+            inner = choose_inner(design, factor) if inner_solver == "auto" else inner_solver
             if inner == "gram" and design.sparse:
                 raise ValueError("inner_solver='gram' needs a dense X; use 'cg' or 'auto' for sparse X")
             coef, iterations, converged, rnorm, log.backward_error = refine(

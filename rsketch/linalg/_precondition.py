@@ -318,7 +318,7 @@ GRAM_ROUNDING = 1e-3
 GRAM_GAIN = 1e-2
 
 
-def choose_inner(design, factor, k):
+def choose_inner(design, factor):
     """``"gram"`` where a Gram solve beats CG and its rounding leaves room to refine, else ``"cg"``.
 
     Examples
@@ -326,9 +326,9 @@ def choose_inner(design, factor, k):
     >>> import numpy as np
     >>> from rsketch.linalg._design import Design
     >>> X = np.random.default_rng(0).standard_normal((200, 5))
-    >>> choose_inner(Design(X), sketched_factor(X), 1)
+    >>> choose_inner(Design(X), sketched_factor(X))
     'gram'
-    >>> choose_inner(Design(X), sketched_factor(X @ np.diag([1, 1, 1, 1, 1e-9])), 1)
+    >>> choose_inner(Design(X), sketched_factor(X @ np.diag([1, 1, 1, 1, 1e-9])))
     'cg'
     """
     p = design.shape[1]

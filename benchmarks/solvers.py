@@ -12,6 +12,10 @@ memory of ``rsketch.lstsq(method="precondition")``, against ``scipy.linalg.lstsq
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +25,7 @@ import scipy.sparse.linalg
 from threadpoolctl import threadpool_limits
 
 import rsketch
-from benchmarks._harness import Report, Target, median_time, peak_memory
+from benchmarks._harness import Report, Target, median_time, median_times_interleaved, peak_memory
 from rsketch.linalg import backward_error
 from rsketch.linalg.problems import make_problem
 
@@ -184,6 +188,7 @@ def run(quick: bool = False) -> Report:
                 ok and contract,
             )
         )
+    avx2 = _avx2_part(key, conds, repeats)
     well, ill = met[(*key, CONDS[0][0])][3], met[(*key, CONDS[-1][0])][3]
     dense.targets.append(
         Target(
@@ -208,8 +213,94 @@ def run(quick: bool = False) -> Report:
         "O(16 p) outside tracemalloc's view."
     )
     return _Tables(
-        dense.title, rows=dense.rows, targets=dense.targets, notes=dense.notes, parts=[sparse, sas]
+        dense.title, rows=dense.rows, targets=dense.targets, notes=dense.notes, parts=[avx2, sparse, sas]
     )
+
+
+# Machines of this kind differ: some have AVX-512, some only AVX2. The second kind is emulated on
+# this CPU by asking OpenBLAS and numba for Haswell (AVX2) kernels, in a fresh process.
+_AVX2_ENV = {"OPENBLAS_CORETYPE": "Haswell", "NUMBA_CPU_NAME": "haswell"}
+
+
+def _avx2_worker(n: int, p: int, conds, repeats: int) -> dict:
+    """Run in the AVX2 process: median times of ours and gelsy for each ``(kappa, residual)``."""
+    import numba
+    from threadpoolctl import threadpool_info
+
+    numba.set_num_threads(min(THREADS, numba.config.NUMBA_NUM_THREADS))
+    out = {
+        "openblas": threadpool_info()[0].get("architecture"),
+        "numba_cpu": numba.config.CPU_NAME,
+        "rows": [],
+    }
+    with threadpool_limits(THREADS):
+        for cond, rsize in conds:
+            P = make_problem(n, p, cond=cond, exact=False, residual_size=rsize, seed=0)
+            ours = rsketch.lstsq(P.X, P.y, seed=0)
+            t = median_times_interleaved(
+                {
+                    "ours": lambda P=P: rsketch.lstsq(P.X, P.y, seed=0),
+                    "gelsy": lambda P=P: scipy.linalg.lstsq(P.X, P.y, lapack_driver="gelsy"),
+                },
+                repeats=repeats,
+            )
+            t_ours, t_gelsy = t["ours"], t["gelsy"]
+            be = backward_error(P.X, P.y, ours.coef)
+            out["rows"].append([cond, rsize, t_ours, t_gelsy, be, bool(ours.converged), ours.log.inner])
+    return out
+
+
+def _avx2_part(key, conds, repeats) -> Report:
+    code = (
+        "import json, sys; from benchmarks.solvers import _avx2_worker; "
+        f"print('AVX2-JSON', json.dumps(_avx2_worker({key[0]}, {key[1]}, {list(conds)!r}, {repeats})))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **_AVX2_ENV}, capture_output=True, text=True
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("AVX2-JSON")]
+    report = Report(f"The same, with AVX2 kernels (OpenBLAS and numba asked for Haswell), {THREADS} threads")
+    if proc.returncode != 0 or not line:
+        report.notes.append(f"the AVX2 process failed: {proc.stderr[-2000:]}")
+        report.targets.append(Target("AVX2: >= 5x gelsy", "not measured (the process failed)", False))
+        return report
+    res = json.loads(line[0][len("AVX2-JSON ") :])
+    times = {}
+    for cond, rsize, t_ours, t_gelsy, be, converged, inner in res["rows"]:
+        times[cond] = t_ours
+        report.rows.append(
+            {
+                "n": key[0],
+                "p": key[1],
+                "kappa": cond,
+                "residual": rsize,
+                "inner": inner,
+                "ours_s": t_ours,
+                "gelsy_s": t_gelsy,
+                "speedup_vs_gelsy": t_gelsy / t_ours,
+                "be_ours": be,
+                "converged": converged,
+            }
+        )
+        print(report.rows[-1], flush=True)
+    first = res["rows"][0]
+    report.targets.append(
+        Target(
+            f"AVX2, n={key[0]:,}, p={key[1]}, kappa={first[0]:.0e}: >= 5x faster than gelsy",
+            f"{first[3] / first[2]:.2f}x ({first[2]:.3f} s against {first[3]:.3f} s)",
+            first[3] / first[2] >= 5 and first[5],
+        )
+    )
+    well, ill = times[conds[0][0]], times[conds[-1][0]]
+    report.targets.append(
+        Target(
+            "AVX2: ill-conditioned at most 2x the well-conditioned time",
+            f"{ill / well:.2f}x ({ill:.3f} s against {well:.3f} s)",
+            ill <= 2 * well,
+        )
+    )
+    report.notes.append(f"OpenBLAS core type reported: {res['openblas']}; numba CPU: {res['numba_cpu']}.")
+    return report
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.linalg import blas
 
 from rsketch.kernels import cpu
 from rsketch.linalg._backward_error import two_sum
@@ -53,19 +52,20 @@ class Design:
         return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
 
     def normal_equations(self, Y):
-        """None: in memory ``X.T Y`` is no cheaper than the first gradient pass (see ``DaskDesign``)."""
+        """None: in memory ``X.T Y`` is no cheaper than the first gradient pass (see ``DaskDesign``).
+
+        Summing it in :meth:`gram_matrix`'s pass was measured: the first gradient from the normal
+        equations (``X.T y - G coef``, cancelling to ``u ||X||^2 ||coef||``) left step 1 short of the
+        stable level, and the extra careful pass cost more than the plain one saved.
+        """
         return None
 
     def gram_matrix(self):
-        """``X.T @ X`` (dense ``X``): LAPACK's ``syrk`` over row blocks, read in place."""
+        """``X.T @ X`` (dense ``X``): our one-pass kernel for C-ordered ``X``, else BLAS."""
         X = self.X
         if not self.fused:
             return np.asarray(X.T @ X)
-        G = np.zeros((X.shape[1], X.shape[1]), order="F")
-        for a in range(0, X.shape[0], _BLOCK_ROWS):
-            # A C-ordered row block is its transpose in Fortran order: syrk reads it without a copy.
-            G = blas.dsyrk(1.0, X[a : a + _BLOCK_ROWS].T, beta=1.0, c=G, trans=0, overwrite_c=1)
-        return np.triu(G) + np.triu(G, 1).T
+        return cpu.gram_matrix(X, self._chunks)
 
     def residual_gradient(self, Y, B, accuracy="exact"):
         """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``; ``Y`` ``(n, k)``, ``B`` ``(p, k)``.

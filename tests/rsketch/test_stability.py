@@ -212,3 +212,22 @@ def test_gram_solver_needs_dense_x_and_a_known_name():
     with pytest.warns(rsketch.ConvergenceWarning, match="converged=False"):
         res = rsketch.lstsq(A, b, seed=0, inner_solver="gram", max_iter=1)
     assert not res.converged and res.iterations == 1
+
+
+@pytest.mark.parametrize("n, p", [(7, 1), (300, 5), (20_000, 3), (20_011, 130), (70_000, 64)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gram_kernel_is_within_the_dot_product_bound(n, p, dtype):
+    # |fl(X.T X) - X.T X| <= gamma_n |X|.T |X| for any summation order (Higham, Thm 3.5); both the
+    # kernel and BLAS are within it, so they are within twice of each other.
+    from rsketch.kernels import cpu
+
+    X = np.random.default_rng(p).standard_normal((n, p)).astype(dtype)
+    X64 = X.astype(np.float64)
+    G = cpu.gram_matrix(X, cpu.n_chunks(n))
+    assert G.dtype == np.float64 and G.shape == (p, p)
+    np.testing.assert_array_equal(G, G.T)
+    bound = 2 * n * U / (1 - n * U) * (np.abs(X64).T @ np.abs(X64))
+    assert np.all(np.abs(G - X64.T @ X64) <= bound)
+    # rows past a chunk's end never leak in: a zero tail changes nothing beyond rounding
+    Z = np.vstack([X, np.zeros((5, p), dtype)])
+    assert np.all(np.abs(cpu.gram_matrix(Z, cpu.n_chunks(n + 5)) - G) <= 2 * bound)

@@ -153,7 +153,7 @@ class DaskDesign:
 
         Over a store whose reads cost more than the arithmetic (Zarr, ``.npy`` on disk), the Gram solves
         of :func:`rsketch.linalg._precondition.refine` then need no pass of their own, and its first
-        gradient comes from them (:meth:`normal_equations`).
+        gradient comes from them (:meth:`first_gradient`).
         """
         import dask
 
@@ -170,14 +170,28 @@ class DaskDesign:
         self._normal = ((G + G.T) / 2, sum(part[1] for part in parts), Y)
         return np.asarray(SX)
 
-    def normal_equations(self, Y):
-        """``(X.T X, X.T Y)`` if :meth:`sketch_with_normal_equations` computed them for ``Y``, else None."""
+    def first_gradient(self, Y, B):
+        """``X.T (Y - X B)`` and ``||Y - X B||**2`` from the normal equations the sketch's pass summed.
+
+        Accurate to the Gram's rounding, which is all the first step of a refinement needs: it only
+        starts the refinement (its gradient is plain sums anyway), and the next step's pass corrects
+        it. The residual norm only chooses the next pass's accuracy (exact below
+        ``32 ||y|| / sqrt(n)``), and its cancellation leaves it good to about ``sqrt(u) ||y||``, far
+        finer than that threshold. None when :meth:`sketch_with_normal_equations` did not run for ``Y``.
+        """
         if self._normal is None or self._normal[2] is not Y:
             return None
-        return self._normal[:2]
+        G, XtY = self._normal[:2]
+        GB = G @ B
+        rn2 = np.einsum("ij,ij->j", Y, Y) - 2 * np.einsum("ij,ij->j", B, XtY) + np.einsum("ij,ij->j", B, GB)
+        return XtY - GB, np.maximum(rn2, 0.0)
 
-    def gram_matrix(self):
-        """``X.T @ X``, summed over the row chunks in order (from the sketch's pass when it gave it)."""
+    def gram_matrix(self, Y=None, B=None):
+        """``X.T @ X``, summed over the row chunks in order (from the sketch's pass when it gave it).
+
+        ``Y`` and ``B`` are the in-memory design's signature; here the first gradient comes from the
+        sketch's pass (:meth:`first_gradient`).
+        """
         if self._normal is not None:
             return self._normal[0]
         G = sum(self._run(_gram_matrix_part, self._blocks()))

@@ -28,6 +28,7 @@ class Design:
         self.sparse = sp.issparse(X)
         self.fused = (not self.sparse) and X.flags.c_contiguous
         self._chunks = cpu.n_chunks(X.shape[0])
+        self._first = None
 
     def matmul(self, B):
         """``X @ B`` for ``B`` of shape ``(p, k)``."""
@@ -51,21 +52,26 @@ class Design:
         T = np.asarray(X @ V)
         return np.asarray(X.T @ T), np.einsum("ij,ij->j", T, T)
 
-    def normal_equations(self, Y):
-        """None: in memory ``X.T Y`` is no cheaper than the first gradient pass (see ``DaskDesign``).
+    def gram_matrix(self, Y=None, B=None):
+        """``X.T @ X`` (dense ``X``): our one-pass kernel for C-ordered ``X``, else BLAS.
 
-        Summing it in :meth:`gram_matrix`'s pass was measured: the first gradient from the normal
-        equations (``X.T y - G coef``, cancelling to ``u ||X||^2 ||coef||``) left step 1 short of the
-        stable level, and the extra careful pass cost more than the plain one saved.
+        Given ``Y`` and ``B``, the kernel's pass also sums the plain gradient at ``B`` (kept for
+        :meth:`first_gradient`): the first step of a Gram-solved refinement then needs no pass of its own.
         """
-        return None
-
-    def gram_matrix(self):
-        """``X.T @ X`` (dense ``X``): our one-pass kernel for C-ordered ``X``, else BLAS."""
         X = self.X
         if not self.fused:
             return np.asarray(X.T @ X)
-        return cpu.gram_matrix(X, self._chunks)
+        if Y is None:
+            return cpu.gram_matrix(X, self._chunks)
+        G, gradient = cpu.gram_matrix(X, self._chunks, Y, B)
+        self._first = (Y, B, gradient)
+        return G
+
+    def first_gradient(self, Y, B):
+        """The fast ``residual_gradient(Y, B)`` if :meth:`gram_matrix` summed it for ``Y``, ``B``, or None."""
+        if self._first is None or self._first[0] is not Y or self._first[1] is not B:
+            return None
+        return self._first[2]
 
     def residual_gradient(self, Y, B, accuracy="exact"):
         """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)``; ``Y`` ``(n, k)``, ``B`` ``(p, k)``.

@@ -247,12 +247,12 @@ def refine(design, Y, coef, factor, *, tol, max_iter, log, inner="cg"):
     s_min = factor.s[factor.rank - 1] if factor.rank else 0.0
     ynorm = column_norms(Y)
     rnorm = ynorm
-    chol = whitened_gram(design, factor.M) if inner == "gram" else None
+    chol = whitened_gram(design, factor.M, Y, coef) if inner == "gram" else None
     log.inner = "cg" if chol is None else "gram"
-    normal = design.normal_equations(Y) if chol is not None else None
+    first = design.first_gradient(Y, coef) if chol is not None else None
     for step in range(MAX_STEPS + 1):
-        if step == 0 and normal is not None:
-            g, rn2 = _gradient_from_normal_equations(*normal, Y, coef)
+        if step == 0 and first is not None:
+            g, rn2 = first
         else:
             g, rn2 = design.residual_gradient(
                 Y, coef, accuracy=_accuracy(step, rnorm, ynorm, design.shape[0])
@@ -337,31 +337,19 @@ def choose_inner(design, factor):
     return "gram" if _U * factor.kappa**2 * p <= GRAM_ROUNDING else "cg"
 
 
-def whitened_gram(design, M):
+def whitened_gram(design, M, Y=None, coef=None):
     """The Cholesky factor of ``M.T (X.T X) M`` (for ``scipy.linalg.cho_solve``), or None.
 
-    ``X.T X`` is one pass of ``n p^2`` flops (:meth:`Design.gram_matrix`); its rounding, about
+    ``X.T X`` is one pass of ``n p^2`` flops (:meth:`Design.gram_matrix`, which also sums the first
+    gradient at ``coef`` in that pass when given ``Y`` and ``coef``); its rounding, about
     ``u ||X||^2``, is ``u kappa^2`` relative to the whitened system, which stays positive
     definite while that is below one. None when Cholesky finds it is not (then CG is used).
     """
-    W = M.T @ (design.gram_matrix() @ M)
+    W = M.T @ (design.gram_matrix(Y, coef) @ M)
     try:
         return scipy.linalg.cho_factor((W + W.T) / 2, lower=False, check_finite=False)
     except np.linalg.LinAlgError:
         return None
-
-
-def _gradient_from_normal_equations(G, XtY, Y, coef):
-    """The first step's ``X.T (y - X coef)`` and ``||y - X coef||^2`` without a pass over ``X``.
-
-    Accurate to the Gram's rounding, which is all the first step needs: it only starts the
-    refinement (its gradient is plain sums anyway), and the next step's pass corrects it. The
-    residual norm only chooses the next pass's accuracy (exact below ``32 ||y|| / sqrt(n)``), and its
-    cancellation leaves it good to about ``sqrt(u) ||y||``, far finer than that threshold.
-    """
-    Gc = G @ coef
-    rn2 = np.einsum("ij,ij->j", Y, Y) - 2 * np.einsum("ij,ij->j", coef, XtY) + np.einsum("ij,ij->j", coef, Gc)
-    return XtY - Gc, np.maximum(rn2, 0.0)
 
 
 def _accuracy(step, rnorm, ynorm, n):

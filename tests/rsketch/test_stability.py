@@ -231,3 +231,22 @@ def test_gram_kernel_is_within_the_dot_product_bound(n, p, dtype):
     # rows past a chunk's end never leak in: a zero tail changes nothing beyond rounding
     Z = np.vstack([X, np.zeros((5, p), dtype)])
     assert np.all(np.abs(cpu.gram_matrix(Z, cpu.n_chunks(n + 5)) - G) <= 2 * bound)
+
+
+def test_gram_pass_sums_the_first_gradient_as_the_plain_kernel_does():
+    from rsketch.kernels import cpu
+
+    rng = np.random.default_rng(3)
+    X, Y, B = (
+        rng.standard_normal((30_001, 37)),
+        rng.standard_normal((30_001, 2)),
+        rng.standard_normal((37, 2)),
+    )
+    chunks = cpu.n_chunks(X.shape[0])
+    G, (g, rn2) = cpu.gram_matrix(X, chunks, Y, B)
+    g_ref, rn2_ref = cpu.residual_gradient(X, Y, B, chunks, "exact")
+    R = np.abs(Y) + np.abs(X) @ np.abs(B)  # bounds |Y - X B| and its rounding's scale
+    gamma = 2 * (X.shape[0] + X.shape[1]) * U
+    assert np.all(np.abs(g - g_ref) <= gamma * (np.abs(X).T @ R))
+    assert np.allclose(rn2, rn2_ref, rtol=gamma, atol=0)
+    np.testing.assert_array_equal(G, cpu.gram_matrix(X, chunks))

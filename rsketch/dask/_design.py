@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from rsketch._validation import check_finite
-from rsketch.dask._sketch import check_dask_operand, is_dask_array
+from rsketch.dask._sketch import CHUNK_PRODUCTS, SPLIT_EVERY, check_dask_operand, is_dask_array, row_offsets
 from rsketch.kernels import cpu
 from rsketch.linalg._backward_error import two_sum
 
@@ -88,6 +88,18 @@ def _normal_part(Xb, Yb):
     return _finite(Xb, Xb.T @ Xb, Xb.T @ Yb)
 
 
+def _first_pass_part(Xb, Yb, S, a):
+    """``[[S[:, a:b] Xb, 0], [Xb.T Xb, Xb.T Yb]]`` as one ``(1, r + p, p + k)`` partial (one read)."""
+    Xb = np.ascontiguousarray(Xb, dtype=np.float64)
+    r, (m, p), k = S.sketch_size, Xb.shape, Yb.shape[1]
+    out = np.zeros((1, r + p, p + k))
+    with np.errstate(invalid="ignore", over="ignore"):
+        out[0, :r, :p] = CHUNK_PRODUCTS[S.kind](S, a, Xb)
+        G, (XtY, _) = cpu.gram_matrix(Xb, cpu.n_chunks(m), Yb, np.zeros((p, k)))
+    out[0, r:, :p], out[0, r:, p:] = G, XtY
+    return _finite(Xb, out)[0]
+
+
 def _product_part(Xb, B):
     return _finite(Xb, Xb @ B)[0]
 
@@ -149,25 +161,40 @@ class DaskDesign:
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
     def sketch_with_normal_equations(self, S, Y):
-        """``S @ X`` and, in the same pass (one graph: each chunk read once), ``X.T X`` and ``X.T Y``.
+        """``S @ X`` and, in the same pass (one task per chunk, read once), ``X.T X`` and ``X.T Y``.
 
         Over a store whose reads cost more than the arithmetic (Zarr, ``.npy`` on disk), the Gram solves
         of :func:`rsketch.linalg._precondition.refine` then need no pass of their own, and its first
-        gradient comes from them (:meth:`first_gradient`).
+        gradient comes from them (:meth:`first_gradient`). Each chunk's task returns its partials of
+        all three stacked in one array, added in the tree of :func:`rsketch.dask._sketch.sketch_dask`
+        (so ``S X`` is bitwise ``S @ X``); sampling sketches, which read only some chunks, run apart.
         """
         import dask
+        import dask.array as da
 
-        normal = dask.delayed(_normal_part, pure=True)
-        parts = [normal(Xb, Yb) for Xb, Yb in zip(self._blocks(), self._y_blocks(Y), strict=True)]
         self.passes += 1
         try:
-            SX, parts = dask.compute(S @ self.X, parts)
+            if S.kind not in CHUNK_PRODUCTS:
+                normal = dask.delayed(_normal_part, pure=True)
+                parts = [normal(Xb, Yb) for Xb, Yb in zip(self._blocks(), self._y_blocks(Y), strict=True)]
+                SX, parts = dask.compute(S @ self.X, parts)
+                G, XtY = sum(part[0] for part in parts), sum(part[1] for part in parts)
+            else:
+                (r, p), k = (S.sketch_size, self.shape[1]), Y.shape[1]
+                task = dask.delayed(_first_pass_part, pure=True)
+                parts = [
+                    da.from_delayed(task(Xb, Yb, S, a), shape=(1, r + p, p + k), dtype=np.float64)
+                    for Xb, Yb, (a, _) in zip(
+                        self._blocks(), self._y_blocks(Y), row_offsets(self.X.chunks[0]), strict=True
+                    )
+                ]
+                total = da.concatenate(parts).sum(axis=0, split_every=SPLIT_EVERY).compute()
+                SX, G, XtY = total[:r, :p], total[r:, :p], total[r:, p:]
         except ValueError as exc:  # the sketch's check names its operand A; here it is X
             if "NaN or infinite" not in str(exc):
                 raise
             raise ValueError("X contains NaN or infinite values") from exc
-        G = sum(part[0] for part in parts)
-        self._normal = ((G + G.T) / 2, sum(part[1] for part in parts), Y)
+        self._normal = ((G + G.T) / 2, XtY, Y)
         return np.asarray(SX)
 
     def first_gradient(self, Y, B):

@@ -145,7 +145,7 @@ def _srht_chunk(S, a, block):
     return out * (1.0 / math.sqrt(S.sketch_size))
 
 
-_CHUNK_PRODUCTS = {
+CHUNK_PRODUCTS = {
     "countsketch": _sparse_sign_chunk,
     "sparse_sign": _sparse_sign_chunk,
     "gaussian": _generated_chunk,
@@ -163,7 +163,7 @@ def chunk_product(block, op, block_info=None):
     (a, b), _ = block_info[0]["array-location"]
     block = np.asarray(block, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        out = _CHUNK_PRODUCTS[op.kind](op, a, block)
+        out = CHUNK_PRODUCTS[op.kind](op, a, block)
     if not np.isfinite(out).all():
         check_finite(block, f"A (rows {a}:{b})")
     return out[None]
@@ -198,8 +198,8 @@ def sketch_dask(S, A):
     if S.kind in ("uniform", "leverage"):
         out = _sample_dask(S, A)
     else:
-        if S.kind not in _CHUNK_PRODUCTS:
-            raise TypeError(f"{type(S).__name__} has no Dask product (kinds: {sorted(_CHUNK_PRODUCTS)})")
+        if S.kind not in CHUNK_PRODUCTS:
+            raise TypeError(f"{type(S).__name__} has no Dask product (kinds: {sorted(CHUNK_PRODUCTS)})")
         r, n_blocks = S.sketch_size, len(A.chunks[0])
         parts = A.map_blocks(
             chunk_product,

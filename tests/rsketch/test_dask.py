@@ -332,6 +332,28 @@ def test_lstsq_pass_count_and_gradients_match_the_in_memory_design():
     assert res.log.passes == 1 + res.iterations + len(res.log.backward_errors) + 1
 
 
+@pytest.mark.parametrize("kind", ["sparse_sign", "countsketch", "gaussian", "srht", "uniform"])
+def test_fused_first_pass_is_the_sketch_and_the_normal_equations(kind):
+    from rsketch.dask import DaskDesign
+
+    X, y = _conditioned_problem(3000, 7, 1e3, seed=5)
+    Y = np.stack([y, -2 * y + 1], axis=1)
+    Xd = da.from_array(X, chunks=(700, 7))  # irregular last chunk
+    S = rsketch.make_sketch(kind, 3000, 60, seed=6)
+    dd = DaskDesign(Xd)
+    SX = dd.sketch_with_normal_equations(S, Y)
+    np.testing.assert_array_equal(SX, (S @ Xd).compute())  # the same values, summed in the same tree
+    assert dd.passes == 1
+    B = np.ones((7, 2))
+    g, rn2 = dd.first_gradient(Y, B)
+    gamma = 2 * 3000 * 2**-53
+    R = np.abs(Y) + np.abs(X) @ np.abs(B)
+    # X.T Y - (X.T X) B: each of the two sums within gamma_n of |X|.T |.|, so the difference within both
+    assert np.all(np.abs(g - X.T @ (Y - X @ B)) <= 2 * gamma * (np.abs(X).T @ R))
+    assert dd.first_gradient(Y.copy(), B) is None  # only for the Y the pass summed
+    np.testing.assert_allclose(rn2, np.sum((Y - X @ B) ** 2, axis=0), rtol=1e-10)
+
+
 @pytest.mark.parametrize("method", ["sketch_and_solve", "ihs"])
 def test_lstsq_other_methods_on_dask(method):
     X, y = _conditioned_problem(4000, 5, 10.0, seed=3)

@@ -16,7 +16,7 @@ import scipy.linalg
 import scipy.linalg.blas
 import scipy.sparse as sp
 
-from rsketch._validation import check_int, check_operand, check_real, check_seed
+from rsketch._validation import check_finite, check_int, check_operand, check_real, check_seed
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.operators import SketchOperator, make_sketch
@@ -96,7 +96,9 @@ def _check_tall(A):
         return A
     if sp.issparse(A):
         raise TypeError("A must be a dense array for CQRRPT (it forms Q, an m x rank dense array)")
-    A, is_vector = check_operand(A, None, "A")  # float32 kept, integers to float64, finite
+    # float32 kept, integers to float64; NaN/inf are found from the sketch and the Gram (both see
+    # every entry of A that reaches Q), which saves a full pass over A
+    A, is_vector = check_operand(A, None, "A", check_finite_values=False)
     if is_vector:
         raise ValueError(f"A must be 2-D, got a vector of shape {A.shape[:1]}")
     m, n = A.shape
@@ -112,6 +114,8 @@ def _sketch(A, sketch, sketch_size, seed):
     if isinstance(sketch, SketchOperator):
         if sketch.shape != (d, m):
             raise ValueError(f"sketch must have shape {(d, m)}, got {sketch.shape}")
+        if sketch.kind in ("uniform", "leverage") and not is_dask_array(A):
+            check_finite(A, "A")  # a sampling sketch reads some rows only: it cannot vouch for the rest
         SA = sketch @ A
     else:
         SA = make_sketch(sketch, m, d, seed=seed, dtype=A.dtype) @ A
@@ -192,6 +196,8 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     R1 = np.asfortranarray(R_sk[:rank, :rank])
     Qt = trsm(1.0, R1, Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
     G = syrk(1.0, Qt, trans=0, lower=0)
+    if not np.isfinite(G).all():  # NaN/inf in a column of A[:, perm[:k]] reaches G
+        check_finite(A, "A")
     try:
         R_pre = scipy.linalg.cholesky(np.triu(G) + np.triu(G, 1).T, lower=False, check_finite=False)
     except np.linalg.LinAlgError:

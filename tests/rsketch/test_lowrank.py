@@ -270,3 +270,15 @@ def test_block_krylov_past_the_rank_of_a_stays_exact(shape):
         np.testing.assert_allclose(res.s, s, rtol=1e-10)
         assert np.allclose(res.U.T @ res.U, np.eye(r), atol=1e-12)
         assert np.linalg.norm(A - (res.U * res.s) @ res.Vt) <= 1e-10 * np.linalg.norm(A)
+
+
+@pytest.mark.parametrize("sketch", ["sparse_sign", "countsketch", "gaussian", "srht", "uniform"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_qr_pivoted_finds_one_bad_entry_without_a_separate_pass(sketch, bad):
+    # qr_pivoted checks A through the sketch and the Gram; one entry in a column that is not a
+    # pivot, and a sampling sketch that may not read its row, must still be refused
+    A = np.random.default_rng(1).standard_normal((3000, 10)) * np.logspace(0, -3, 10)
+    A[1234, 9] = bad
+    op = rsketch.make_sketch(sketch, 3000, 40, seed=0)
+    with pytest.raises(ValueError, match="A contains NaN or infinite"):
+        qr_pivoted(A, sketch=op if sketch == "uniform" else sketch, sketch_size=40, seed=0)

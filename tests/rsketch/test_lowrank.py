@@ -282,3 +282,21 @@ def test_qr_pivoted_finds_one_bad_entry_without_a_separate_pass(sketch, bad):
     op = rsketch.make_sketch(sketch, 3000, 40, seed=0)
     with pytest.raises(ValueError, match="A contains NaN or infinite"):
         qr_pivoted(A, sketch=op if sketch == "uniform" else sketch, sketch_size=40, seed=0)
+
+
+def test_flip_signs_is_scikit_learns_svd_flip_bit_for_bit():
+    from sklearn.utils.extmath import svd_flip
+
+    from rsketch.linalg._lowrank import _flip_signs
+
+    rng = np.random.default_rng(7)
+    U, Vt = rng.standard_normal((500, 6)), rng.standard_normal((6, 9))
+    U[:, 2] = 0.0  # a zero column: sign 0, as svd_flip gives it
+    U[[3, 10], 4] = [-5.0, 5.0]  # a tie of +a and -a: the first in row order decides
+    U[[3, 10], 5] = [5.0, -5.0]
+    for dtype in (np.float64, np.float32):
+        ours = _flip_signs(U.astype(dtype), Vt.astype(dtype))
+        theirs = svd_flip(U.astype(dtype), Vt.astype(dtype))
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
+
+import numpy as np
 
 _controller = None
 
@@ -38,3 +41,156 @@ def blas_threads(n: int | None = -1):
 
         _controller = ThreadpoolController()
     return _controller.limit(limits=n, user_api="blas")
+
+
+# -- numba's threads ------------------------------------------------------------------------------
+# numba's OpenMP threads spin-wait at the end of every parallel region; with another process on a
+# core, the thread that shares it is descheduled while the other spins, and a decode step went from
+# 24 ms to 480-1800 ms. The engine therefore decodes on as many threads as there are cores the
+# other processes leave free (``docs/decoding.md``, "Threading"). numba's thread count is
+# thread-local, so this choice changes nothing outside the calling thread.
+
+#: Seconds between two looks at the machine's load (a look reads /proc/stat: about 20 us).
+PROBE_INTERVAL = 0.25
+#: A core counts as taken when the other processes used more than this fraction of one.
+TAKEN = 0.5
+
+
+def _busy_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every CPU since boot, from /proc/stat; None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(v) < 4:
+        return None
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    total = sum(v[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+def engine_thread_setting() -> int | str:
+    """``DECODING_THREADS``: ``"auto"`` (the default: follow the load) or a fixed thread count.
+
+    Examples
+    --------
+    >>> engine_thread_setting() in ("auto",) or isinstance(engine_thread_setting(), int)
+    True
+    """
+    v = os.environ.get("DECODING_THREADS", "auto").strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"DECODING_THREADS must be 'auto' or an integer >= 1, got {v!r}")
+    return n
+
+
+class ThreadPolicy:
+    """numba threads of the calling thread, chosen from the cores other processes leave free.
+
+    :meth:`update` (called once per decoding step) looks at most every :data:`PROBE_INTERVAL`
+    seconds at the CPU time the whole machine used (``/proc/stat``) less the CPU time of this
+    process (its spinning threads included), and sets ``numba.set_num_threads`` to the cores
+    left: ``max(1, min(cores, numba's threads) - cores taken)``, a core being taken when the
+    others used more than :data:`TAKEN` of it. Only the calling thread's setting changes
+    (numba's count is thread-local); :meth:`restore` puts back the one it found.
+
+    Parameters
+    ----------
+    setting : "auto" or int, optional
+        Default :func:`engine_thread_setting` (``DECODING_THREADS``). An integer fixes the count.
+
+    Attributes
+    ----------
+    threads : int
+        The count in use.
+    history : list of (cores taken, threads)
+        One entry per look at the load.
+
+    Examples
+    --------
+    >>> p = ThreadPolicy(1)
+    >>> p.update(), p.threads
+    (1, 1)
+    >>> p.restore()
+    """
+
+    def __init__(self, setting: int | str | None = None):
+        import numba
+
+        self._numba = numba
+        self.setting = engine_thread_setting() if setting is None else setting
+        if self.setting != "auto" and (not isinstance(self.setting, int) or self.setting < 1):
+            raise ValueError(f"setting must be 'auto' or an integer >= 1, got {self.setting!r}")
+        self._before = numba.get_num_threads()
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        self.most = max(1, min(cores, numba.config.NUMBA_NUM_THREADS))
+        self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.history: list[tuple[float, int]] = []
+        self._last = None
+        if self.setting == "auto":
+            self.threads = self._before
+            self._last = self._look()
+        else:
+            self.threads = min(int(self.setting), numba.config.NUMBA_NUM_THREADS)
+            numba.set_num_threads(self.threads)
+
+    def _look(self):
+        j = _busy_jiffies()
+        return None if j is None else (time.perf_counter(), time.process_time(), *j)
+
+    def update(self) -> int:
+        """The thread count for the next step (re-chosen when :data:`PROBE_INTERVAL` has passed)."""
+        if self.setting != "auto" or self._last is None:
+            return self.threads
+        now = time.perf_counter()
+        if now - self._last[0] < PROBE_INTERVAL:
+            return self.threads
+        cur = self._look()
+        if cur is None:
+            return self.threads
+        wall, own = cur[0] - self._last[0], cur[1] - self._last[1]
+        busy_all, total = cur[2] - self._last[2], cur[3] - self._last[3]
+        self._last = cur
+        if total <= 0:
+            return self.threads
+        # cores' worth of CPU the other processes used: all CPUs' busy share times the CPU count,
+        # less this process's own CPU time over the same wall time
+        ncpu = os.cpu_count() or 1
+        others = max(0.0, busy_all / total * ncpu - own / max(wall, 1e-9))
+        taken = int(np.floor(others + (1.0 - TAKEN)))
+        threads = max(1, self.most - taken)
+        self.history.append((round(others, 2), threads))
+        if threads != self.threads:
+            self._numba.set_num_threads(threads)
+            self.threads = threads
+        return threads
+
+    def restore(self) -> None:
+        """Put back the calling thread's numba thread count from before this policy."""
+        self._numba.set_num_threads(self._before)
+
+
+@contextlib.contextmanager
+def engine_threads(setting: int | str | None = None):
+    """A :class:`ThreadPolicy` for the calling thread, restored on exit.
+
+    Examples
+    --------
+    >>> with engine_threads(1) as policy:
+    ...     policy.update()
+    1
+    """
+    policy = ThreadPolicy(setting)
+    try:
+        yield policy
+    finally:
+        policy.restore()

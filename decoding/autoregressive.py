@@ -12,11 +12,11 @@ import time
 
 import numpy as np
 
+from ._threads import engine_threads
 from ._xp import to_host
-from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, sample
-from .scheduling import Outputs, SlotQueue, check_memory, loop_memory
+from .scheduling import Outputs, SlotQueue, check_memory, decode_step, loop_memory
 
 __all__ = ["autoregressive_generate"]
 
@@ -86,30 +86,31 @@ def autoregressive_generate(
         tokenizer, len(prompt_ids), stop=stop, eos_ids=eos_ids, max_new_tokens=max_new_tokens, stream=stream
     )
 
-    active, logits = queue.admit(model, cache, seq, prompt_ids)  # [B, V]
-    prefill_time = queue.prefill_time
-    step_times = []
-    decode_start = time.perf_counter()
-    while True:
-        t_step = time.perf_counter()
-        nxt = sample(to_host(logits), sampling, rng)  # [len(active)] (sampling runs on the host)
-        still = []
-        for j, i in enumerate(active):
-            if outs.emit(i, [nxt[j]]):
-                cache.release(int(seq[i]))
-            else:
-                still.append(i)
-        if still:
-            batch = PackedBatch.from_lists([outs.tokens[i][-1:] for i in still], seq_ids=seq[still])
-            logits = model.forward(batch, cache=cache, logits="last")
-            step_times.append(time.perf_counter() - t_step)
-        elif step_times:  # this pass only emitted: part of the step before
-            step_times[-1] += time.perf_counter() - t_step
-        new, new_logits = queue.admit(model, cache, seq, prompt_ids)  # into the slots just freed
-        if new:
-            logits = new_logits if not still else model.xp.concatenate([logits, new_logits])
-        elif not still:
-            break
-        active = still + new
+    with engine_threads() as threads:  # numba threads for the cores other processes leave free
+        active, logits = queue.admit(model, cache, seq, prompt_ids)  # [B, V]
+        prefill_time = queue.prefill_time
+        step_times = []
+        decode_start = time.perf_counter()
+        while True:
+            t_step = time.perf_counter()
+            threads.update()
+            nxt = sample(to_host(logits), sampling, rng)  # [len(active)] (sampling runs on the host)
+            still = []
+            for j, i in enumerate(active):
+                if outs.emit(i, [nxt[j]]):
+                    cache.release(int(seq[i]))
+                else:
+                    still.append(i)
+            if still:
+                logits = decode_step(model, cache, seq[still], [outs.tokens[i][-1] for i in still])
+                step_times.append(time.perf_counter() - t_step)
+            elif step_times:  # this pass only emitted: part of the step before
+                step_times[-1] += time.perf_counter() - t_step
+            new, new_logits = queue.admit(model, cache, seq, prompt_ids)  # into the slots just freed
+            if new:
+                logits = new_logits if not still else model.xp.concatenate([logits, new_logits])
+            elif not still:
+                break
+            active = still + new
     decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
     return outs.result(prompt_ids, queue, decode_time, step_times)

@@ -26,6 +26,7 @@ __all__ = [
     "emit_tokens",
     "Outputs",
     "prefill",
+    "decode_step",
     "SlotQueue",
     "check_max_batch",
     "loop_memory",
@@ -238,6 +239,25 @@ def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = PREFILL_TOKE
             if e == len(prompt_ids[b]):
                 out[b] = last[j]
     return xp.stack(out)
+
+
+def decode_step(model, cache, seq_ids, last_tokens):
+    """One autoregressive step: each sequence's last token, packed into one forward; logits ``[B, V]``.
+
+    The step of :func:`decoding.autoregressive.autoregressive_generate`, and of the speculative
+    loop whenever no sample has a draft to verify (so that step costs what autoregressive decoding
+    costs).
+
+    Examples
+    --------
+    >>> cache = model.new_cache(max_seqs=2, capacity=64)  # doctest: +SKIP
+    >>> seqs = [cache.allocate(), cache.allocate()]  # doctest: +SKIP
+    >>> _ = prefill(model, cache, seqs, [[1, 2], [3]])  # doctest: +SKIP
+    >>> decode_step(model, cache, seqs, [5, 6]).shape  # doctest: +SKIP
+    (2, 49152)
+    """
+    batch = PackedBatch.from_lists([[int(t)] for t in last_tokens], seq_ids=seq_ids)
+    return model.forward(batch, cache=cache, logits="last")
 
 
 class SlotQueue:

@@ -33,12 +33,14 @@ from functools import partial
 
 import numpy as np
 
+from ._threads import engine_threads
+from ._xp import to_host
 from .cost_model import CostModel, DraftBudget
 from .drafters import Drafter, DraftModelDrafter, make_drafter
 from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, filtered_probs, sample
-from .scheduling import Outputs, SlotQueue, check_max_batch, check_memory, loop_memory
+from .scheduling import Outputs, SlotQueue, check_max_batch, check_memory, decode_step, loop_memory
 from .tokenizer import check_text, check_token_ids
 
 __all__ = [
@@ -491,6 +493,19 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     return results
 
 
+def _autoregressive_step(model, cache, seq_ids, last, drafts: _Drafts, active, sampling, rng, stats):
+    """The step when no sample verifies a draft: :func:`~decoding.scheduling.decode_step` and
+    :func:`~decoding.sampling.sample`, exactly the autoregressive loop's, with the free shadow checks
+    of the drafts the budget trimmed. Returns ``(0, [token])`` per sample, as the steps do."""
+    tokens = sample(to_host(decode_step(model, cache, seq_ids, last)), sampling, rng)
+    stats.forward(computed=len(active))
+    for j, i in enumerate(active):
+        stats.record(i, accepted=0, verified=0)
+        if drafts.proposed[j].size and drafts.probs is None:
+            stats.shadow(i, int(tokens[j]) == int(drafts.proposed[j][0]))
+    return [(0, [int(t)]) for t in tokens]
+
+
 def _padded_prefill(model, cache, queue: SlotQueue, seq, prompts, key_valid):
     """Vanilla's prefill: every prompt left-padded to the longest; pads written to the cache and masked."""
     t0 = time.perf_counter()
@@ -603,29 +618,41 @@ def speculative_generate(
         admitted, logits = queue.admit(model, cache, seq, prompt_ids)  # [slots, V]
     prefill_time, step_times = queue.prefill_time, []
     step = partial(padded_step, key_valid=key_valid) if vanilla else packed_step
-    decode_start = time.perf_counter()
-    active = start(admitted, logits)
-    while not active and queue:  # every admitted sample finished at its first token
-        active = start(*queue.admit(model, cache, seq, prompt_ids))
-    while active:
-        t_step = time.perf_counter()
-        left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
-        contexts = [np.r_[prompts[i], np.asarray(outs.tokens[i], dtype=np.int64)] for i in active]
-        drafts = _draft(
-            drafter, budget, contexts, active, left, max_draft=k, padded=vanilla,
-            horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
-        )  # fmt: skip
-
-        judge = partial(
-            _judge, drafts=drafts, active=active, verify=verify, sampling=sampling, rng=rng, stats=stats
-        )
-        last = [outs.tokens[i][-1] for i in active]
-        results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
-        npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
-        active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
-        step_times.append(time.perf_counter() - t_step)
-        while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)
-            active += start(*queue.admit(model, cache, seq, prompt_ids))
+    with engine_threads() as threads:  # numba threads for the cores other processes leave free
+        decode_start = time.perf_counter()
+        active = start(admitted, logits)
+        while not active and queue:  # every admitted sample finished at its first token
+            active = start(*queue.admit(model, cache, seq, prompt_ids))
+        while active:
+            t_step = time.perf_counter()
+            threads.update()
+            left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
+            contexts = [np.r_[prompts[i], np.asarray(outs.tokens[i], dtype=np.int64)] for i in active]
+            drafts = _draft(
+                drafter, budget, contexts, active, left, max_draft=k, padded=vanilla,
+                horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
+            )  # fmt: skip
+            last = [outs.tokens[i][-1] for i in active]
+            if not vanilla and verifier is None and not drafts.lengths.any():
+                results = _autoregressive_step(
+                    model, cache, seq[active], last, drafts, active, sampling, rng, stats
+                )
+            else:
+                judge = partial(
+                    _judge,
+                    drafts=drafts,
+                    active=active,
+                    verify=verify,
+                    sampling=sampling,
+                    rng=rng,
+                    stats=stats,
+                )
+                results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
+            npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+            active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
+            step_times.append(time.perf_counter() - t_step)
+            while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)
+                active += start(*queue.admit(model, cache, seq, prompt_ids))
     decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
     res = outs.result(prompt_ids, queue, decode_time, step_times, method=layout)
     res.stats.update(

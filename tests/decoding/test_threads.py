@@ -1,0 +1,107 @@
+"""The engine's numba thread policy (decoding._threads.ThreadPolicy) with the load injected."""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+from decoding import _threads
+from decoding._threads import ThreadPolicy, engine_thread_setting, engine_threads
+
+
+class FakeMachine:
+    """Scripted /proc/stat and clocks: ``run(wall, own, others)`` advances them by ``wall`` seconds
+    during which this process used ``own`` cores and the other processes ``others``."""
+
+    def __init__(self, ncpu):
+        self.ncpu, self.wall, self.cpu, self.busy, self.total = ncpu, 100.0, 0.0, 0, 0
+
+    def perf_counter(self):
+        return self.wall
+
+    def process_time(self):
+        return self.cpu
+
+    def jiffies(self):
+        return self.busy, self.total
+
+    def run(self, wall, own, others):
+        self.wall += wall
+        self.cpu += own * wall
+        self.busy += round((own + others) * wall * 100)
+        self.total += round(self.ncpu * wall * 100)
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    m = FakeMachine(ncpu=2)
+    monkeypatch.setattr(_threads, "time", m)
+    monkeypatch.setattr(_threads, "_busy_jiffies", m.jiffies)
+    monkeypatch.setattr(_threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(_threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    return m
+
+
+def test_one_thread_while_another_process_takes_a_core(machine):
+    before = numba.get_num_threads()
+    most = min(2, numba.config.NUMBA_NUM_THREADS)
+    with engine_threads("auto") as p:
+        machine.run(0.5, own=2.0, others=0.0)  # idle machine: both cores
+        assert p.update() == most
+        machine.run(0.5, own=1.0, others=1.0)  # a busy loop beside ours (our spinners get one core)
+        assert p.update() == 1 and numba.get_num_threads() == 1
+        machine.run(0.1, own=1.0, others=0.0)  # looked again too soon: unchanged
+        assert p.update() == 1
+        machine.run(0.5, own=1.0, others=0.2)  # the other process is gone (0.2 of a core: not taken)
+        assert p.update() == most and numba.get_num_threads() == most
+        assert [t for _, t in p.history] == [most, 1, most]
+    assert numba.get_num_threads() == before
+
+
+def test_fixed_setting_and_env(monkeypatch):
+    with engine_threads(1) as p:
+        assert p.update() == 1 and numba.get_num_threads() == 1
+    monkeypatch.setenv("DECODING_THREADS", "1")
+    assert engine_thread_setting() == 1
+    monkeypatch.setenv("DECODING_THREADS", "0")
+    with pytest.raises(ValueError, match="DECODING_THREADS"):
+        engine_thread_setting()
+    with pytest.raises(ValueError, match="setting"):
+        ThreadPolicy("many")
+
+
+def test_only_the_calling_thread_changes():
+    """numba's count is thread-local: a policy in a worker thread leaves the main thread's alone."""
+    before = numba.get_num_threads()
+    seen = []
+
+    def worker():
+        with engine_threads(1):
+            seen.append(numba.get_num_threads())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [1] and numba.get_num_threads() == before
+
+
+def test_no_proc_stat_keeps_numbas_count(monkeypatch):
+    monkeypatch.setattr(_threads, "_busy_jiffies", lambda: None)
+    with engine_threads("auto") as p:
+        assert p.update() == numba.get_num_threads()
+        assert p.history == []
+
+
+def test_generate_under_the_policy_gives_the_same_tokens(tiny64, monkeypatch):
+    from decoding import generate
+
+    model, tok = tiny64
+    ids = [[1, 2, 3, 4], [5, 6]]
+    monkeypatch.setenv("DECODING_THREADS", "1")
+    one = generate(model, tok, ids, max_new_tokens=6, seed=0).tokens
+    monkeypatch.setenv("DECODING_THREADS", "auto")
+    auto = generate(model, tok, ids, max_new_tokens=6, seed=0).tokens
+    assert one == auto and np.array(one).shape == (2, 6)

@@ -907,6 +907,57 @@ srht_adjoint = _with_serial_twin(
 )
 
 
+# ============================================================================ sparse times dense
+@njit(parallel=True, cache=True)
+def _csr_times_dense_par(indptr, indices, data, Z, out):
+    """``out = A @ Z`` for a CSR ``A`` (``indptr``, ``indices``, ``data``) and a C-ordered ``Z``.
+
+    Rows are independent (each output row sums its own nonzeros in stored order), so the result is
+    bitwise the same on any thread count; ``out`` may be C- or Fortran-ordered.
+    """
+    m, k = out.shape
+    for b in prange((m + 1023) // 1024):  # blocks of rows: one accumulator each
+        acc = np.empty(k, dtype=out.dtype)
+        for i in range(b * 1024, min(m, b * 1024 + 1024)):
+            acc[:] = 0
+            for t in range(indptr[i], indptr[i + 1]):
+                v = data[t]
+                row = indices[t]
+                for c in range(k):
+                    acc[c] += v * Z[row, c]
+            for c in range(k):
+                out[i, c] = acc[c]
+
+
+csr_times_dense = _with_serial_twin(
+    _csr_times_dense_par, lambda indptr, indices, data, Z, out: data.size * out.shape[1]
+)
+
+
+@njit(parallel=True, cache=True)
+def _csr_transpose_times_dense_par(indptr, indices, data, Q, acc):
+    """``acc[c] = A[rows of chunk c].T @ Q[rows of chunk c]`` for a CSR ``A`` (scatter by rows).
+
+    Reads ``Q`` in row order (where the gather form ``A.T`` as CSR times ``Q`` would fetch a random
+    row of ``Q`` per nonzero); the chunks, fixed by the caller, each add into their own ``(n, k)``.
+    """
+    nchunks, _, k = acc.shape
+    m = indptr.size - 1
+    for c in prange(nchunks):
+        out = acc[c]
+        for i in range(c * m // nchunks, (c + 1) * m // nchunks):
+            for t in range(indptr[i], indptr[i + 1]):
+                v = data[t]
+                j = indices[t]
+                for col in range(k):
+                    out[j, col] += v * Q[i, col]
+
+
+csr_transpose_times_dense = _with_serial_twin(
+    _csr_transpose_times_dense_par, lambda indptr, indices, data, Q, acc: data.size * acc.shape[2]
+)
+
+
 # ============================================================================ normal-equation passes
 # One-pass kernels for the iterative finish of the least-squares solvers. Both read each row of a
 # C-contiguous X once and use it twice while it is in cache, so one call costs one streaming pass

@@ -300,3 +300,24 @@ def test_flip_signs_is_scikit_learns_svd_flip_bit_for_bit():
         for a, b in zip(ours, theirs, strict=True):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_threaded_sparse_products_match_scipy(fmt, dtype):
+    from rsketch.linalg._lowrank import _matmat, _rmatmat
+
+    rng = np.random.default_rng(3)
+    A = sp.random(20_000, 700, density=0.02, format=fmt, random_state=rng, dtype=dtype)
+    A = A.tolil()
+    A[5, :] = 0  # an empty row
+    A = A.asformat(fmt)
+    A.indices[A.indptr[1] : A.indptr[2]] = A.indices[A.indptr[1] : A.indptr[2]][::-1]  # unsorted
+    Y, Q = rng.standard_normal((700, 9)).astype(dtype), rng.standard_normal((20_000, 9)).astype(dtype)
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    for got, want in ((_matmat(A, Y), A @ Y), (_rmatmat(A, Q), A.T @ Q)):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
+    out = np.empty((20_000, 9), dtype=dtype, order="F")  # written in place, as block Krylov does
+    assert _matmat(A, Y, out=out) is out
+    np.testing.assert_allclose(out, A @ Y, rtol=rtol, atol=rtol * np.abs(out).max())

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import time
@@ -35,13 +36,21 @@ from pathlib import Path
 import numpy as np
 
 from . import kernels
-from ._threads import blas_threads
+from ._threads import blas_threads, engine_threads
 
-__all__ = ["CostModel", "DraftBudget", "cost_cache_dir"]
+__all__ = ["CostModel", "DraftBudget", "DriftCheck", "cost_cache_dir", "weight_format", "engine_version"]
+
+_log = logging.getLogger("decoding")
 
 #: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
 #: that cost models measured on the old engine are not reused.
-COST_MODEL_VERSION = 6  # 6: four weight rows from eight tokens on
+COST_MODEL_VERSION = 7  # 7: keyed on the engine version and the weight format; quick measurement
+
+#: The quick measurement (:meth:`CostModel.measure` with ``quick=True``): what the first speculative
+#: call and every re-measurement run, a few seconds on SmolLM2-135M.
+QUICK = dict(grid=(1, 2, 4, 8, 16, 32, 64), context=64, repeats=3)
+
+_announced: set = set()  # cache files whose measurement was announced in this process
 
 
 # DraftBudget.allocate's makespan search evaluates the candidate allocations in blocks of this
@@ -69,6 +78,38 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def engine_version() -> str:
+    """The installed package's version and :data:`COST_MODEL_VERSION`: what a cached cost model
+    must have been measured with.
+
+    Examples
+    --------
+    >>> engine_version().startswith("rsketch ")
+    True
+    """
+    try:
+        from importlib.metadata import version
+
+        v = version("rsketch")
+    except Exception:  # not installed (a source checkout on the path): the cost-model version decides
+        v = "unknown"
+    return f"rsketch {v}, cost model {COST_MODEL_VERSION}"
+
+
+def weight_format(model) -> str:
+    """How ``model`` holds its weights: its ``weight_format`` string where it has one (quantized
+    engines), else its dtype.
+
+    Examples
+    --------
+    >>> class M: dtype = np.dtype("float32")
+    >>> weight_format(M())
+    'float32'
+    """
+    fmt = getattr(model, "weight_format", None)
+    return str(fmt) if fmt is not None else str(np.dtype(getattr(model, "dtype", "float32")))
 
 
 @dataclass(frozen=True)
@@ -113,17 +154,22 @@ class CostModel:
 
     # -- measurement ------------------------------------------------------------------------------
     @classmethod
-    def measure(cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=7) -> CostModel:
+    def measure(
+        cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=7, quick: bool = False
+    ) -> CostModel:
         """Time ``model.forward`` (logits for every token) for each token count in ``grid``.
 
         One sequence holding ``context`` tokens receives ``T`` new ones (then rolled back); the
         median of ``repeats`` rounds (each timing every point once) is kept. ``per_sequence``:
         (forward of 16 sequences of one token) minus (one sequence of 16 tokens), over 15.
+        ``quick=True`` uses :data:`QUICK` (tokens up to 64, context 64, three rounds) instead.
         """
+        if quick:
+            grid, context, repeats = QUICK["grid"], QUICK["context"], QUICK["repeats"]
         V = model.config.vocab_size
         rng = np.random.default_rng(0)
         nseq = 16
-        with blas_threads():
+        with blas_threads(), engine_threads() as threads:  # the threads the loops would use
             cache = model.new_cache(max_seqs=nseq, capacity=context + max(grid) + 1)
             seqs = np.array([cache.allocate() for _ in range(nseq)])
             prompt = rng.integers(0, V, size=context)
@@ -150,53 +196,137 @@ class CostModel:
             cases.append((rng.integers(0, V, size=nseq), seqs, np.arange(nseq + 1)))
             for c in cases:  # warm-up (compilation, first touch of the cache regions)
                 once(*c)
-            times = np.array([[once(*c) for c in cases] for _ in range(repeats)])
+            times = np.array([[once(*c) for c in cases] for _ in range(repeats) if threads.update()])
             med = np.median(times, axis=0)
             secs, one_seq, many = list(med[: len(grid)]), med[-2], med[-1]
         per_seq = max(0.0, (many - one_seq) / (nseq - 1))
         return cls(tuple(grid), tuple(secs), per_seq)
 
-    @classmethod
-    def for_model(cls, model, *, refresh: bool = False, cache_dir=None) -> CostModel:
-        """The cached cost model of ``model`` on this machine, measured (about 10-30 s) when absent.
+    def scaled(self, factor: float) -> CostModel:
+        """The same curve times ``factor`` (what the live steps say the machine runs at now)."""
+        return CostModel(self.tokens, tuple(factor * x for x in self.seconds), factor * self.per_sequence)
 
-        The cache key: CPU model, logical CPUs, BLAS thread setting, the engine's product routing
-        (:data:`decoding.kernels.FEW_ROWS`, :data:`COST_MODEL_VERSION`), and the model's shape and
-        dtype (layers, width, heads, vocabulary).
+    @staticmethod
+    def cache_path(model, cache_dir=None) -> Path:
+        """The cache file of ``model``'s cost model on this machine (:meth:`for_model`).
+
+        The key: :func:`engine_version` (the package and :data:`COST_MODEL_VERSION`), the
+        product routing (:data:`decoding.kernels.FEW_ROWS`), CPU model, logical CPUs, BLAS thread
+        setting, the model's shape (layers, width, heads, vocabulary) and :func:`weight_format`.
+        The file also records them in plain text.
         """
-        cfg = model.config
-        key = json.dumps(
-            [
-                COST_MODEL_VERSION,
-                kernels.FEW_ROWS,
-                _cpu_name(),
-                os.cpu_count(),
-                os.environ.get("DECODING_BLAS_THREADS", "1"),
-                model.n_layers,
-                cfg.d_model,
-                cfg.n_heads,
-                cfg.n_kv_heads,
-                cfg.d_ff,
-                cfg.vocab_size,
-                str(model.dtype),
-            ]
-        )
-        h = hashlib.sha256(key.encode()).hexdigest()[:16]
-        path = Path(cache_dir or cost_cache_dir()) / f"cost-{h}.json"
+        return Path(cache_dir or cost_cache_dir()) / f"cost-{_key_hash(_key(model))}.json"
+
+    @classmethod
+    def for_model(cls, model, *, refresh: bool = False, cache_dir=None, quick: bool = True) -> CostModel:
+        """The cached cost model of ``model`` on this machine, measured when absent (or ``refresh``).
+
+        The first measurement is announced once per process (a ``logging`` warning on the
+        ``"decoding"`` logger, which Python prints to stderr when logging is not configured),
+        with where it is stored (:meth:`cache_path`). ``quick`` (the default) measures with
+        :data:`QUICK`: about 3 s on SmolLM2-135M, under 0.5 s on the tests' tiny model.
+        """
+        key = _key(model)
+        path = cls.cache_path(model, cache_dir)
         if not refresh and path.is_file():
             try:
                 d = json.loads(path.read_text())
                 return cls(tuple(d["tokens"]), tuple(d["seconds"]), float(d["per_sequence"]))
             except (ValueError, KeyError, TypeError):
                 pass  # a damaged cache file is measured again
-        cm = cls.measure(model)
+        if str(path) not in _announced:
+            _announced.add(str(path))
+            _log.warning(
+                "decoding: %s the cost per forward for the draft budget (%s, a few seconds); stored in %s",
+                "re-measuring" if refresh else "measuring",
+                "quick" if quick else "full",
+                path,
+            )
+        cm = cls.measure(model, quick=quick)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            d = {"key": key, "tokens": cm.tokens, "seconds": cm.seconds, "per_sequence": cm.per_sequence}
+            d = {
+                "key": key,
+                "engine_version": engine_version(),
+                "weight_format": weight_format(model),
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "tokens": cm.tokens,
+                "seconds": cm.seconds,
+                "per_sequence": cm.per_sequence,
+            }
             path.write_text(json.dumps(d))
         except OSError:
             pass  # an unwritable cache directory only costs a new measurement next time
         return cm
+
+
+def _key(model) -> str:
+    cfg = model.config
+    return json.dumps(
+        [
+            engine_version(),
+            kernels.FEW_ROWS,
+            _cpu_name(),
+            os.cpu_count(),
+            os.environ.get("DECODING_BLAS_THREADS", "1"),
+            model.n_layers,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.d_ff,
+            cfg.vocab_size,
+            weight_format(model),
+        ]
+    )
+
+
+def _key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class DriftCheck:
+    """Compares live forward timings with a :class:`CostModel` and says when they drifted.
+
+    Each :meth:`observe` adds the ratio of a forward's measured seconds to the model's
+    prediction; once ``window`` ratios are in, their median (one slow step, a page fault or a
+    neighbour's burst, moves it not at all) outside ``[1 / (1 + tolerance), 1 + tolerance]`` is a
+    drift, and the ratios are cleared (the next verdict comes from ``window`` new steps).
+
+    Parameters
+    ----------
+    cost : CostModel
+    window : int
+        Steps per verdict.
+    tolerance : float
+        Relative drift allowed (0.3: 30%).
+
+    Examples
+    --------
+    >>> check = DriftCheck(CostModel((1, 2), (0.01, 0.02)), window=3)
+    >>> [check.observe(1, 1, 0.02) for _ in range(3)]  # twice as slow as measured
+    [False, False, True]
+    >>> round(check.last_ratio, 2)
+    2.0
+    """
+
+    def __init__(self, cost: CostModel, *, window: int = 16, tolerance: float = 0.3):
+        if window < 1 or not tolerance > 0:
+            raise ValueError(f"window must be >= 1 and tolerance > 0, got {window} and {tolerance}")
+        self.cost, self.window, self.tolerance = cost, int(window), float(tolerance)
+        self.ratios: list[float] = []
+        self.last_ratio = float("nan")
+
+    def observe(self, tokens: int, seqs: int, seconds: float) -> bool:
+        """Add one forward of ``tokens`` packed tokens in ``seqs`` sequences that took ``seconds``."""
+        predicted = self.cost.cost(tokens, seqs)
+        if not (seconds > 0 and predicted > 0):
+            return False
+        self.ratios.append(seconds / predicted)
+        if len(self.ratios) < self.window:
+            return False
+        self.last_ratio = float(np.median(self.ratios))
+        self.ratios.clear()
+        return not 1 / (1 + self.tolerance) <= self.last_ratio <= 1 + self.tolerance
 
 
 class DraftBudget:
@@ -215,6 +345,16 @@ class DraftBudget:
         remaining tokens: the predicted time to finish the batch (static batches, as
         :func:`decoding.generate` runs them) or this step's tokens per second (right where
         finished samples are replaced at once).
+    remeasure : callable, optional
+        ``remeasure() -> CostModel``, called when the live forwards drift from ``target_cost``
+        by more than 30% (:meth:`observe`, :class:`DriftCheck`); at most once per budget; a
+        drift that persists after it scales the curve by the live median ratio instead. Without
+        it, every drift scales the curve.
+
+    Attributes
+    ----------
+    remeasured, rescaled : int
+        How often the target's cost model was re-measured, and rescaled.
 
     Examples
     --------
@@ -234,6 +374,7 @@ class DraftBudget:
         draft_cost: CostModel | None = None,
         prior: float = 0.5,
         objective: str = "makespan",
+        remeasure=None,
     ):
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
@@ -241,6 +382,29 @@ class DraftBudget:
             raise ValueError(f"objective must be 'makespan' or 'rate', got {objective!r}")
         self.target_cost, self.draft_cost, self.prior = target_cost, draft_cost, float(prior)
         self.objective = objective
+        self.remeasure, self.remeasured, self.rescaled = remeasure, 0, 0
+        self.drift = DriftCheck(target_cost)
+
+    def observe(self, tokens: int, seqs: int, seconds: float) -> None:
+        """A live target forward: re-measure (or rescale) the target's cost model when they drifted.
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+        >>> for _ in range(16):
+        ...     b.observe(1, 1, 0.03)
+        >>> b.rescaled, round(b.target_cost.cost(1), 3)
+        (1, 0.03)
+        """
+        if not self.drift.observe(tokens, seqs, seconds):
+            return
+        if self.remeasure is not None and not self.remeasured:
+            self.remeasured += 1
+            self.target_cost = self.remeasure()
+        else:
+            self.rescaled += 1
+            self.target_cost = self.target_cost.scaled(self.drift.last_ratio)
+        self.drift = DriftCheck(self.target_cost, window=self.drift.window, tolerance=self.drift.tolerance)
 
     def alphas(self, accepted: np.ndarray, rejected: np.ndarray) -> np.ndarray:
         """Per-sample acceptance estimates from accepted draft tokens and rejection events.

@@ -148,7 +148,9 @@ def _draft_budget(draft_budget, model, drafter: Drafter) -> DraftBudget | None:
     if isinstance(draft_budget, CostModel) or (isinstance(draft_budget, str) and draft_budget == "auto"):
         target_cost = draft_budget if isinstance(draft_budget, CostModel) else CostModel.for_model(model)
         draft_cost = CostModel.for_model(drafter.model) if isinstance(drafter, DraftModelDrafter) else None
-        return DraftBudget(target_cost, draft_cost)
+        # live forwards that drift from the cached curve re-measure it (once per call)
+        remeasure = partial(CostModel.for_model, model, refresh=True)
+        return DraftBudget(target_cost, draft_cost, remeasure=remeasure)
     raise ValueError(f"draft_budget must be 'auto', None, a DraftBudget or a CostModel, got {draft_budget!r}")
 
 
@@ -305,6 +307,7 @@ class SpeculativeStats:
     sample_steps: int = 0
     trimmed: int = 0
     shadow_checks: int = 0
+    last_forward: tuple = ()  # (tokens, seconds) of the latest forward, for the budget's drift check
 
     @classmethod
     def for_samples(cls, n: int) -> SpeculativeStats:
@@ -325,8 +328,9 @@ class SpeculativeStats:
         self.rejected[i] += not hit
         self.shadow_checks += 1
 
-    def forward(self, *, computed: int, padded: int = 0) -> None:
-        """One verification forward of ``computed`` tokens, ``padded`` of them pads."""
+    def forward(self, *, computed: int, padded: int = 0, seconds: float = 0.0) -> None:
+        """One verification forward of ``computed`` tokens, ``padded`` of them pads (``seconds`` long)."""
+        self.last_forward = (computed, seconds)
         self.forwards += 1
         self.computed += computed
         self.padded += padded
@@ -436,12 +440,14 @@ def packed_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     ([6, 4], 6)
     """
     batch = PackedBatch.from_lists([np.r_[t, d] for t, d in zip(last, drafts, strict=True)], seq_ids=seq_ids)
+    t0 = time.perf_counter()
     logits = model.forward(batch, cache=cache, logits="all")  # [sum(1 + n_j), V]
+    seconds = time.perf_counter() - t0
     cu = batch.cu_seqlens
     results = judge([logits[cu[j] : cu[j + 1]] for j in range(len(drafts))])
     for s, p, (m, _) in zip(seq_ids, npos, results, strict=True):
         cache.truncate(int(s), int(p) + 1 + int(m))
-    stats.forward(computed=int(cu[-1]))
+    stats.forward(computed=int(cu[-1]), seconds=seconds)
     return results
 
 
@@ -483,13 +489,15 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
         toks[j, 1 : 1 + n[j]] = drafts[j]
     key_valid[seq_ids, L : L + W] = np.arange(W)[None, :] < (1 + n)[:, None]
     batch = PackedBatch.from_lists(toks, seq_ids=seq_ids, start_positions=npos)  # [A W]
+    t0 = time.perf_counter()
     logits = model.forward(batch, cache=cache, logits="all", key_valid=key_valid)
+    seconds = time.perf_counter() - t0
     results = judge([logits[j * W : j * W + 1 + n[j]] for j in range(A)])
     K = 1 + max(int(m) for m, _ in results)  # every sample's cache grows by the longest accepted count
     for s, (m, _) in zip(seq_ids, results, strict=True):
         key_valid[int(s), L + 1 + int(m) : L + K] = False  # rejected drafts and pads stay as pads
         cache.truncate(int(s), L + K)
-    stats.forward(computed=A * W, padded=A * W - int((1 + n).sum()))
+    stats.forward(computed=A * W, padded=A * W - int((1 + n).sum()), seconds=seconds)
     return results
 
 
@@ -497,8 +505,10 @@ def _autoregressive_step(model, cache, seq_ids, last, drafts: _Drafts, active, s
     """The step when no sample verifies a draft: :func:`~decoding.scheduling.decode_step` and
     :func:`~decoding.sampling.sample`, exactly the autoregressive loop's, with the free shadow checks
     of the drafts the budget trimmed. Returns ``(0, [token])`` per sample, as the steps do."""
-    tokens = sample(to_host(decode_step(model, cache, seq_ids, last)), sampling, rng)
-    stats.forward(computed=len(active))
+    t0 = time.perf_counter()
+    logits = decode_step(model, cache, seq_ids, last)
+    stats.forward(computed=len(active), seconds=time.perf_counter() - t0)
+    tokens = sample(to_host(logits), sampling, rng)
     for j, i in enumerate(active):
         stats.record(i, accepted=0, verified=0)
         if drafts.proposed[j].size and drafts.probs is None:
@@ -648,6 +658,8 @@ def speculative_generate(
                     stats=stats,
                 )
                 results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
+            if budget is not None:  # live timings against the cost model: re-measured when they drift
+                budget.observe(stats.last_forward[0], len(active), stats.last_forward[1])
             npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
             active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
             step_times.append(time.perf_counter() - t_step)
@@ -658,5 +670,7 @@ def speculative_generate(
     res.stats.update(
         drafter=drafter.name, max_draft=k, budget=budget is not None, max_batch=queue.slots,
         target_forwards=queue.prefill_forwards + stats.forwards, **stats.as_dict(),
+        budget_remeasured=budget.remeasured if budget is not None else 0,
+        budget_rescaled=budget.rescaled if budget is not None else 0,
     )  # fmt: skip
     return res

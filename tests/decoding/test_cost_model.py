@@ -1,0 +1,109 @@
+"""The draft budget's cost model: drift detection, re-measurement, the cache key, the quick measurement."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from decoding import cost_model
+from decoding.cost_model import CostModel, DraftBudget, DriftCheck, weight_format
+
+CURVE = CostModel((1, 8, 64), (0.010, 0.012, 0.050))
+
+
+def test_drift_triggers_one_remeasure_then_rescales():
+    fresh = CostModel((1, 8, 64), (0.020, 0.024, 0.100))
+    calls = []
+
+    def remeasure():
+        calls.append(1)
+        return fresh
+
+    b = DraftBudget(CURVE, remeasure=remeasure)
+    rng = np.random.default_rng(0)
+    for _ in range(15):  # live forwards twice as slow as measured (small noise): no verdict before 16
+        b.observe(8, 1, 0.024 * rng.uniform(0.95, 1.05))
+    assert calls == [] and b.target_cost is CURVE
+    b.observe(8, 1, 0.024)
+    assert calls == [1] and b.target_cost is fresh and b.remeasured == 1
+    for _ in range(32):  # agrees with the new curve: nothing more
+        b.observe(8, 1, 0.024 * rng.uniform(0.9, 1.1))
+    assert calls == [1] and b.rescaled == 0
+    for _ in range(16):  # drifts again (3x): not re-measured twice in a call, the curve is rescaled
+        b.observe(1, 1, 0.060)
+    assert calls == [1] and b.rescaled == 1
+    assert b.target_cost.cost(1) == pytest.approx(0.060, rel=1e-9)
+
+
+def test_outliers_and_small_drift_do_not_remeasure():
+    calls = []
+    b = DraftBudget(CURVE, remeasure=lambda: calls.append(1) or CURVE)
+    for i in range(64):  # one step in eight is 10x slow (a neighbour's burst), the rest 20% slow
+        b.observe(1, 1, 0.10 if i % 8 == 0 else 0.012)
+    assert calls == [] and b.rescaled == 0
+    check = DriftCheck(CURVE, window=4)
+    assert [check.observe(1, 1, 0.0070) for _ in range(4)] == [False] * 3 + [True]  # 30% fast: 1/0.7 > 1.3
+    with pytest.raises(ValueError, match="window"):
+        DriftCheck(CURVE, window=0)
+
+
+class FakeModel:
+    def __init__(self, dtype="float32", fmt=None):
+        self.dtype = np.dtype(dtype)
+        if fmt is not None:
+            self.weight_format = fmt
+        self.n_layers = 2
+
+        class Cfg:
+            d_model, n_heads, n_kv_heads, d_ff, vocab_size = 64, 4, 2, 128, 264
+
+        self.config = Cfg()
+
+
+def test_cache_key_has_version_and_weight_format(tmp_path, monkeypatch):
+    f32 = CostModel.cache_path(FakeModel("float32"), tmp_path)
+    f64 = CostModel.cache_path(FakeModel("float64"), tmp_path)
+    q = CostModel.cache_path(FakeModel("float32", fmt="q4_1+q8_0"), tmp_path)
+    assert len({f32, f64, q}) == 3
+    assert weight_format(FakeModel("float32", fmt="q4_1+q8_0")) == "q4_1+q8_0"
+    assert json.loads(cost_model._key(FakeModel("float64")))[-1] == "float64"
+    assert cost_model.engine_version() in cost_model._key(FakeModel())
+    monkeypatch.setattr(cost_model, "COST_MODEL_VERSION", cost_model.COST_MODEL_VERSION + 1)
+    assert CostModel.cache_path(FakeModel("float32"), tmp_path) != f32
+
+
+def test_quick_calibration_is_quick_and_announced_once(tiny64, tmp_path, caplog):
+    model, _ = tiny64
+    CostModel.measure(model, quick=True)  # compiled and warm
+    with caplog.at_level(logging.WARNING, logger="decoding"):
+        t0 = time.perf_counter()
+        cm = CostModel.for_model(model, cache_dir=tmp_path)
+        took = time.perf_counter() - t0
+        CostModel.for_model(model, cache_dir=tmp_path, refresh=True)  # the same file: not announced again
+    assert took < 2.0
+    assert cm.tokens == tuple(float(t) for t in cost_model.QUICK["grid"])
+    said = [r.getMessage() for r in caplog.records if "cost per forward" in r.getMessage()]
+    assert len(said) == 1 and str(CostModel.cache_path(model, tmp_path)) in said[0]
+    stored = json.loads(CostModel.cache_path(model, tmp_path).read_text())
+    assert stored["weight_format"] == "float64" and stored["engine_version"] == cost_model.engine_version()
+
+
+def test_the_loop_feeds_live_timings_to_the_budget(tiny64):
+    from decoding.drafters import make_drafter
+    from decoding.sampling import SamplingParams
+    from decoding.speculative import speculative_generate
+
+    model, tok = tiny64
+    calls = []
+    wrong = CostModel((1, 64), (100.0, 200.0))  # a curve measured on a machine 10^5 times slower
+    budget = DraftBudget(wrong, remeasure=lambda: calls.append(1) or wrong.scaled(1e-5))
+    res = speculative_generate(
+        model, tok, [[1, 2, 3]], max_new_tokens=24, sampling=SamplingParams(), stop=[],
+        rng=np.random.default_rng(0), drafter=make_drafter("prompt_lookup", model, max_draft=4),
+        budget=budget,
+    )  # fmt: skip
+    assert calls == [1] and res.stats["budget_remeasured"] == 1

@@ -15,6 +15,7 @@ AREAS = {
     "lowrank": "benchmarks.lowrank",
     "dask": "benchmarks.dask_cluster",
     "decoding": "benchmarks.decoding_engine",
+    "decoding-busy": "benchmarks.decoding_busy",
     "speculative": "benchmarks.speculative",
     "serving": "benchmarks.serving",
 }

@@ -48,7 +48,9 @@ COST_MODEL_VERSION = 7  # 7: keyed on the engine version and the weight format; 
 
 #: The quick measurement (:meth:`CostModel.measure` with ``quick=True``): what the first speculative
 #: call and every re-measurement run, a few seconds on SmolLM2-135M.
-QUICK = dict(grid=(1, 2, 4, 8, 16, 32, 64), context=64, repeats=3)
+QUICK = dict(  # the order measure() unpacks
+    grid=(1, 2, 4, 8, 16, 32, 64), context=32, repeats=3, sequences=8
+)
 
 _announced: set = set()  # cache files whose measurement was announced in this process
 
@@ -155,22 +157,24 @@ class CostModel:
     # -- measurement ------------------------------------------------------------------------------
     @classmethod
     def measure(
-        cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=7, quick: bool = False
-    ) -> CostModel:
+        cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=7, sequences=16,
+        quick: bool = False,
+    ) -> CostModel:  # fmt: skip
         """Time ``model.forward`` (logits for every token) for each token count in ``grid``.
 
         One sequence holding ``context`` tokens receives ``T`` new ones (then rolled back); the
         median of ``repeats`` rounds (each timing every point once) is kept. ``per_sequence``:
-        (forward of 16 sequences of one token) minus (one sequence of 16 tokens), over 15.
-        ``quick=True`` uses :data:`QUICK` (tokens up to 64, context 64, three rounds) instead.
+        (forward of ``sequences`` sequences of one token) minus (one sequence of as many tokens),
+        over ``sequences - 1``. ``quick=True`` uses :data:`QUICK` (tokens up to 64, context 32,
+        three rounds, 8 sequences, a warm-up of the largest cases only) instead.
         """
         if quick:
-            grid, context, repeats = QUICK["grid"], QUICK["context"], QUICK["repeats"]
+            grid, context, repeats, sequences = QUICK.values()
         V = model.config.vocab_size
         rng = np.random.default_rng(0)
-        nseq = 16
+        nseq = int(sequences)
         with blas_threads(), engine_threads() as threads:  # the threads the loops would use
-            cache = model.new_cache(max_seqs=nseq, capacity=context + max(grid) + 1)
+            cache = model.new_cache(max_seqs=nseq, capacity=context + max(*grid, nseq) + 1)
             seqs = np.array([cache.allocate() for _ in range(nseq)])
             prompt = rng.integers(0, V, size=context)
             model.forward(
@@ -194,7 +198,8 @@ class CostModel:
             cases = [(rng.integers(0, V, size=T), seqs[:1], np.array([0, T])) for T in grid]
             cases.append((rng.integers(0, V, size=nseq), seqs[:1], np.array([0, nseq])))
             cases.append((rng.integers(0, V, size=nseq), seqs, np.arange(nseq + 1)))
-            for c in cases:  # warm-up (compilation, first touch of the cache regions)
+            # warm-up (compilation, first touch of the cache regions): the largest cases touch it all
+            for c in cases[-3:] if quick else cases:
                 once(*c)
             times = np.array([[once(*c) for c in cases] for _ in range(repeats) if threads.update()])
             med = np.median(times, axis=0)
@@ -224,7 +229,7 @@ class CostModel:
         The first measurement is announced once per process (a ``logging`` warning on the
         ``"decoding"`` logger, which Python prints to stderr when logging is not configured),
         with where it is stored (:meth:`cache_path`). ``quick`` (the default) measures with
-        :data:`QUICK`: about 3 s on SmolLM2-135M, under 0.5 s on the tests' tiny model.
+        :data:`QUICK`: 1.5 s on SmolLM2-135M on an otherwise idle machine.
         """
         key = _key(model)
         path = cls.cache_path(model, cache_dir)

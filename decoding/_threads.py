@@ -1,10 +1,12 @@
-"""BLAS thread control for the engine.
+"""Thread control for the engine: BLAS on one thread, numba's threads on the cores left free.
 
 Decode steps are matrix-vector products (memory-bound) and prefill matrices are small; on the
 2 shared cores this project targets, OpenBLAS's threads spin-wait, and they collapse as soon as
 another process (or numba's own threads) competes for a core (figures: ``docs/decoding.md``,
 "Measurements"). The engine therefore runs BLAS single-threaded unless ``DECODING_BLAS_THREADS``
-says otherwise.
+says otherwise. numba's OpenMP threads spin-wait as well, so the decoding loops run them through a
+:class:`ThreadPolicy`: as many threads as there are cores the other processes leave free
+(``DECODING_THREADS`` fixes the count; ``docs/decoding.md``, "Threading").
 """
 
 from __future__ import annotations

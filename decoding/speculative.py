@@ -285,6 +285,8 @@ class SpeculativeStats:
         Draft tokens proposed but dropped by the budget.
     shadow_checks : int
         Trimmed draft tokens checked against the target's token at no cost.
+    last_forward : tuple
+        ``(tokens, seconds)`` of the latest forward (the draft budget's drift check reads it).
 
     Examples
     --------

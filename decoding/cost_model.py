@@ -53,6 +53,7 @@ QUICK = dict(  # the order measure() unpacks
 )
 
 _announced: set = set()  # cache files whose measurement was announced in this process
+_remeasured: set = set()  # cache files re-measured after a drift in this process
 
 
 # DraftBudget.allocate's makespan search evaluates the candidate allocations in blocks of this
@@ -264,6 +265,19 @@ class CostModel:
             pass  # an unwritable cache directory only costs a new measurement next time
         return cm
 
+    @classmethod
+    def remeasured(cls, model, *, cache_dir=None) -> CostModel:
+        """Re-measured (and re-cached) the first time per process and cache file; the cached one after.
+
+        What the speculative loop calls when live forwards drift from the curve: once re-measured,
+        a drift that persists comes from the work (longer contexts than the measurement's, say),
+        not from the machine, and measuring again every call would only cost time.
+        """
+        path = str(cls.cache_path(model, cache_dir))
+        refresh = path not in _remeasured
+        _remeasured.add(path)
+        return cls.for_model(model, refresh=refresh, cache_dir=cache_dir)
+
 
 def _key(model) -> str:
     cfg = model.config
@@ -353,8 +367,8 @@ class DraftBudget:
     remeasure : callable, optional
         ``remeasure() -> CostModel``, called when the live forwards drift from ``target_cost``
         by more than 30% (:meth:`observe`, :class:`DriftCheck`); at most once per budget; a
-        drift that persists after it scales the curve by the live median ratio instead. Without
-        it, every drift scales the curve.
+        drift that persists after it, or a re-measurement that returns the curve in use, scales
+        the curve by the live median ratio instead. Without it, every drift scales the curve.
 
     Attributes
     ----------
@@ -403,10 +417,13 @@ class DraftBudget:
         """
         if not self.drift.observe(tokens, seqs, seconds):
             return
+        fresh = None
         if self.remeasure is not None and not self.remeasured:
             self.remeasured += 1
-            self.target_cost = self.remeasure()
-        else:
+            fresh = self.remeasure()
+        if fresh is not None and fresh != self.target_cost:
+            self.target_cost = fresh
+        else:  # no re-measurement, or it gave the curve in use: the live ratio rescales it
             self.rescaled += 1
             self.target_cost = self.target_cost.scaled(self.drift.last_ratio)
         self.drift = DriftCheck(self.target_cost, window=self.drift.window, tolerance=self.drift.tolerance)

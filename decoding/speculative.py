@@ -148,8 +148,9 @@ def _draft_budget(draft_budget, model, drafter: Drafter) -> DraftBudget | None:
     if isinstance(draft_budget, CostModel) or (isinstance(draft_budget, str) and draft_budget == "auto"):
         target_cost = draft_budget if isinstance(draft_budget, CostModel) else CostModel.for_model(model)
         draft_cost = CostModel.for_model(drafter.model) if isinstance(drafter, DraftModelDrafter) else None
-        # live forwards that drift from the cached curve re-measure it (once per call)
-        remeasure = partial(CostModel.for_model, model, refresh=True)
+        # live forwards that drift from the cached curve re-measure it (once per process and curve)
+        # (a curve the caller gave is only rescaled)
+        remeasure = None if isinstance(draft_budget, CostModel) else partial(CostModel.remeasured, model)
         return DraftBudget(target_cost, draft_cost, remeasure=remeasure)
     raise ValueError(f"draft_budget must be 'auto', None, a DraftBudget or a CostModel, got {draft_budget!r}")
 

@@ -107,3 +107,23 @@ def test_the_loop_feeds_live_timings_to_the_budget(tiny64):
         budget=budget,
     )  # fmt: skip
     assert calls == [1] and res.stats["budget_remeasured"] == 1
+
+
+def test_remeasured_once_per_process_and_file(tiny64, tmp_path, monkeypatch):
+    model, _ = tiny64
+    first = CostModel.for_model(model, cache_dir=tmp_path)
+    calls = []
+    real = CostModel.measure.__func__
+
+    def counting(cls, m, **kw):
+        calls.append(kw)
+        return real(cls, m, **kw)
+
+    monkeypatch.setattr(CostModel, "measure", classmethod(counting))
+    again = CostModel.remeasured(model, cache_dir=tmp_path)
+    assert len(calls) == 1 and again.tokens == first.tokens
+    assert CostModel.remeasured(model, cache_dir=tmp_path) == again and len(calls) == 1  # read back
+    b = DraftBudget(again, remeasure=lambda: again)  # a re-measurement that gives the curve in use
+    for _ in range(16):
+        b.observe(1, 1, 3 * again.cost(1))
+    assert b.remeasured == 1 and b.rescaled == 1

@@ -56,6 +56,11 @@ def blas_threads(n: int | None = -1):
 PROBE_INTERVAL = 0.25
 #: A core counts as taken when the other processes used more than this fraction of one.
 TAKEN = 0.5
+#: A policy that starts within this many seconds of another's last look starts from its choice
+#: (the prefill runs before a new policy's first look).
+CARRY_OVER = 5.0
+
+_last_choice: tuple[float, int] | None = None  # (perf_counter, threads) of the latest look, any thread
 
 
 def _busy_jiffies() -> tuple[int, int] | None:
@@ -99,7 +104,9 @@ class ThreadPolicy:
     seconds at the CPU time the whole machine used (``/proc/stat``) less the CPU time of this
     process (its spinning threads included), and sets ``numba.set_num_threads`` to the cores
     left: ``max(1, min(cores, numba's threads) - cores taken)``, a core being taken when the
-    others used more than :data:`TAKEN` of it. Only the calling thread's setting changes
+    others used more than :data:`TAKEN` of it. A policy created within :data:`CARRY_OVER`
+    seconds of another's last look starts from that choice (the prefill comes before the first
+    look). Only the calling thread's setting changes
     (numba's count is thread-local); :meth:`restore` puts back the one it found.
 
     Parameters
@@ -141,6 +148,10 @@ class ThreadPolicy:
         if self.setting == "auto":
             self.threads = self._before
             self._last = self._look()
+            last = _last_choice  # one read: another thread may replace it
+            if self._last is not None and last is not None and time.perf_counter() - last[0] < CARRY_OVER:
+                self.threads = min(last[1], self.most)
+                numba.set_num_threads(self.threads)
         else:
             self.threads = min(int(self.setting), numba.config.NUMBA_NUM_THREADS)
             numba.set_num_threads(self.threads)
@@ -171,6 +182,8 @@ class ThreadPolicy:
         taken = int(np.floor(others + (1.0 - TAKEN)))
         threads = max(1, self.most - taken)
         self.history.append((round(others, 2), threads))
+        global _last_choice
+        _last_choice = (now, threads)
         if threads != self.threads:
             self._numba.set_num_threads(threads)
             self.threads = threads

@@ -40,6 +40,7 @@ def machine(monkeypatch):
     m = FakeMachine(ncpu=2)
     monkeypatch.setattr(_threads, "time", m)
     monkeypatch.setattr(_threads, "_busy_jiffies", m.jiffies)
+    monkeypatch.setattr(_threads, "_last_choice", None)  # fake times stay out of later policies
     monkeypatch.setattr(_threads.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(_threads.os, "sched_getaffinity", lambda pid: {0, 1})
     return m
@@ -105,3 +106,17 @@ def test_generate_under_the_policy_gives_the_same_tokens(tiny64, monkeypatch):
     monkeypatch.setenv("DECODING_THREADS", "auto")
     auto = generate(model, tok, ids, max_new_tokens=6, seed=0).tokens
     assert one == auto and np.array(one).shape == (2, 6)
+
+
+def test_a_new_policy_starts_from_a_recent_choice(machine, monkeypatch):
+    before = numba.get_num_threads()
+    with engine_threads("auto") as p:
+        machine.run(0.5, own=1.0, others=1.0)
+        assert p.update() == 1
+    assert numba.get_num_threads() == before
+    machine.run(1.0, own=0.0, others=1.0)
+    with engine_threads("auto") as p:  # 1 s later: the prefill already runs on one thread
+        assert p.threads == 1 and numba.get_num_threads() == 1
+    machine.run(_threads.CARRY_OVER + 1, own=0.0, others=1.0)
+    with engine_threads("auto") as p:  # too old: numba's count at entry
+        assert p.threads == before

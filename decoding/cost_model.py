@@ -218,7 +218,8 @@ class CostModel:
 
         The key: :func:`engine_version` (the package and :data:`COST_MODEL_VERSION`), the
         product routing (:data:`decoding.kernels.FEW_ROWS`), CPU model, logical CPUs, BLAS thread
-        setting, the model's shape (layers, width, heads, vocabulary) and :func:`weight_format`.
+        setting, the model's shape (layers, width, heads, vocabulary), :func:`weight_format` and the
+        bytes of the weights as held (``model.nbytes``).
         The file also records them in plain text.
         """
         return Path(cache_dir or cost_cache_dir()) / f"cost-{_key_hash(_key(model))}.json"
@@ -295,6 +296,7 @@ def _key(model) -> str:
             cfg.d_ff,
             cfg.vocab_size,
             weight_format(model),
+            getattr(model, "nbytes", None),  # the weights as held: differs for any other format
         ]
     )
 

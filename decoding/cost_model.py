@@ -336,10 +336,13 @@ class DriftCheck:
         self.cost, self.window, self.tolerance = cost, int(window), float(tolerance)
         self.ratios: list[float] = []
         self.last_ratio = float("nan")
+        self._predicted: dict = {}  # (tokens, seqs) -> seconds: a step's sizes repeat
 
     def observe(self, tokens: int, seqs: int, seconds: float) -> bool:
         """Add one forward of ``tokens`` packed tokens in ``seqs`` sequences that took ``seconds``."""
-        predicted = self.cost.cost(tokens, seqs)
+        predicted = self._predicted.get((tokens, seqs))
+        if predicted is None:
+            predicted = self._predicted[tokens, seqs] = self.cost.cost(tokens, seqs)
         if not (seconds > 0 and predicted > 0):
             return False
         self.ratios.append(seconds / predicted)

@@ -612,12 +612,29 @@ def speculative_generate(
     stats = SpeculativeStats.for_samples(B)
     drafter.begin(prompts, references, sampling, rng, max_new_tokens=max_new_tokens, max_active=queue.slots)
 
+    held: dict = {}  # sample -> (its context buffer: prompt, then room for max_new_tokens; tokens in it)
+
+    def context(i: int) -> np.ndarray:
+        """Sample ``i``'s prompt and tokens so far: a view of a buffer that only the new tokens are
+        copied into (building it anew each step cost O(context) per sample and step)."""
+        P, toks = prompts[i].size, outs.tokens[i]
+        if i not in held:
+            buf = np.empty(P + max_new_tokens, dtype=np.int64)
+            buf[:P] = prompts[i]
+            held[i] = (buf, 0)
+        buf, n = held[i]
+        if len(toks) > n:
+            buf[P + n : P + len(toks)] = toks[n:]
+            held[i] = (buf, len(toks))
+        return buf[: P + len(toks)]
+
     def finished(i: int, tokens) -> bool:
         """Emit sample ``i``'s new tokens; when it finished, free its cache region and its drafter."""
         if not outs.emit(i, tokens):
             return False
         cache.release(int(seq[i]))
         drafter.end(i)
+        held.pop(i, None)
         return True
 
     def start(new, logits) -> list[int]:
@@ -640,7 +657,7 @@ def speculative_generate(
             t_step = time.perf_counter()
             threads.update()
             left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
-            contexts = [np.r_[prompts[i], np.asarray(outs.tokens[i], dtype=np.int64)] for i in active]
+            contexts = [context(i) for i in active]
             drafts = _draft(
                 drafter, budget, contexts, active, left, max_draft=k, padded=vanilla,
                 horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate

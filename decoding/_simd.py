@@ -1,0 +1,122 @@
+"""LLVM intrinsics that numba lacks: a cache prefetch and the vector dequantization of one weight block.
+
+numba compiles scalar loops and leaves vectorization to LLVM. Two things the engine needs do not
+come out of that: a software prefetch (numba has no spelling for it), and the dequantization of a
+32-weight block of a GGUF file, whose sixteen or thirty-two byte loads LLVM keeps scalar (it
+cannot prove that the stores into the float32 row do not alias the bytes it reads, and the block's
+loop is too short for the loop vectorizer's runtime check). Here both are written as LLVM IR:
+one vector load of the block's bytes, widening, conversion and one fused multiply-add per half,
+and vector stores. LLVM lowers the 16-lane vectors to one AVX-512 or two AVX2 registers.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = ["dequant_q4_1_block", "dequant_q8_0_block", "prefetch_l2", "prefetch_next_row"]
+
+_I32 = ir.IntType(32)
+_F32 = ir.FloatType()
+
+
+@intrinsic
+def prefetch_l2(typingctx, row, k):  # pragma: no cover - compiled
+    """Hint the CPU to bring the cache line holding ``row[k]`` (a contiguous 1-d array) into L2.
+
+    LLVM's ``llvm.prefetch`` (read, locality 2: ``prefetcht1``); a hint only, never a fault, so
+    it needs no bounds check.
+    """
+    sig = types.void(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        i8p = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [i8p.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [i8p, _I32(0), _I32(2), _I32(1)])  # read, locality 2 (L2), data
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def prefetch_next_row(w, r, end, line):  # pragma: no cover - compiled
+    """Prefetch row ``r`` of ``w`` (if ``r < end``) into L2, one hint per ``line`` elements; returns ``r + 1``.
+
+    The kernels call this once per pass over their tokens, so the rows they ask for are spread
+    over the block's work: the whole block's rows asked for at once filled the core's queue of
+    outstanding misses and stalled the arithmetic behind it.
+    """
+    if r < end:
+        row = w[r]
+        for k in range(0, w.shape[1], line):
+            prefetch_l2(row, k)
+        r += 1
+    return r
+
+
+def _vector_pointer(context, builder, aryty, ary, index, elem, lanes):
+    a = context.make_array(aryty)(context, builder, ary)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, a, [index], wraparound=False)
+    return builder.bitcast(ptr, ir.VectorType(elem, lanes).as_pointer())
+
+
+def _splat(builder, value, lanes):
+    vty = ir.VectorType(value.type, lanes)
+    v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, _I32(0))
+    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+
+
+def _vector_call(builder, name, args):
+    fnty = ir.FunctionType(args[0].type, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+
+
+@intrinsic
+def dequant_q4_1_block(typingctx, src, offset, d, m, dst, base):  # pragma: no cover - compiled
+    """``dst[base + j] = fma(d, q_j, m)`` for the 32 nibbles of the 16 bytes ``src[offset:offset + 16]``.
+
+    GGUF's Q4_1 order: the low nibble of byte ``j`` is weight ``j``, its high nibble weight
+    ``j + 16``. ``fma`` rounds once, so the result is ``float32(d * q + m)`` computed exactly (the
+    float64 reference of :func:`decoding.quantized.dequantize_rows`).
+    """
+    sig = types.void(src, types.intp, types.float32, types.float32, dst, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src_t, _, _, _, dst_t, _ = signature.args
+        s, off, dv, mv, out, b = args
+        raw = builder.load(_vector_pointer(context, builder, src_t, s, off, ir.IntType(8), 16), align=1)
+        wide = builder.zext(raw, ir.VectorType(_I32, 16))
+        lo = builder.and_(wide, ir.Constant(wide.type, [15] * 16))
+        hi = builder.lshr(wide, ir.Constant(wide.type, [4] * 16))
+        vty = ir.VectorType(_F32, 16)
+        D, M = _splat(builder, dv, 16), _splat(builder, mv, 16)
+        for half, q in ((0, lo), (16, hi)):
+            w = _vector_call(builder, "llvm.fma.v16f32", [D, builder.uitofp(q, vty), M])
+            at = builder.add(b, ir.Constant(b.type, half))
+            builder.store(w, _vector_pointer(context, builder, dst_t, out, at, _F32, 16), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dequant_q8_0_block(typingctx, src, offset, d, dst, base):  # pragma: no cover - compiled
+    """``dst[base + j] = d * q_j`` for the 32 signed bytes ``src[offset:offset + 32]`` (exact in float32)."""
+    sig = types.void(src, types.intp, types.float32, dst, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src_t, _, _, dst_t, _ = signature.args
+        s, off, dv, out, b = args
+        raw = builder.load(_vector_pointer(context, builder, src_t, s, off, ir.IntType(8), 32), align=1)
+        q = builder.sitofp(raw, ir.VectorType(_F32, 32))
+        w = builder.fmul(_splat(builder, dv, 32), q)
+        builder.store(w, _vector_pointer(context, builder, dst_t, out, b, _F32, 32), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -1,0 +1,267 @@
+"""Weights kept as the GGUF file stores them (Q4_1 and Q8_0 blocks) and their products with activations.
+
+A decode step reads every weight once, so its time is the bytes it reads: 538 MB a token for
+SmolLM2-135M dequantized to float32, 96 MB as the file's Q4_1 layers and Q8_0 embedding.
+:class:`QuantizedMatrix` holds a matrix as those blocks (one row of blocks per output row), and
+:func:`quantized_linear` multiplies float32 activations by it: each thread dequantizes four
+weight rows at a time into a float32 scratch row that stays in L1 (one vector load, widening,
+conversion and fused multiply-add per block, :mod:`decoding._simd`), then runs the same
+few-row dot products as the float32 kernel of :mod:`decoding.kernels` against it. The weights
+thus stream from memory once, as blocks, and the arithmetic is float32 throughout.
+
+Exactness: a dequantized Q4_1 weight is ``float32(d * q + m)`` rounded once (a fused
+multiply-add), a Q8_0 weight ``d * q`` (exact in float32); :meth:`QuantizedMatrix.dequantize` is
+the NumPy reference of the same values, computed in float64 and rounded, and equals the kernel's
+weights bit for bit. The products differ from a float64 product of those weights by float32
+rounding of the sums only.
+
+Layout of a block (32 weights of one row; ``d``, ``m`` little-endian float16):
+Q4_1 is ``d, m, 16 bytes`` (low nibble of byte ``j``: weight ``j``; high nibble: weight
+``j + 16``; ``w = d q + m``), Q8_0 is ``d, 32 int8`` (``w = d q``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from numba import njit, prange
+
+from ._simd import dequant_q4_1_block, dequant_q8_0_block, prefetch_next_row
+
+__all__ = ["QuantizedMatrix", "QUANTIZED_TYPES", "quantized_linear"]
+
+_Q4_1, _Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
+#: The block types kept quantized in memory: type -> (kernel code, bytes per 32-weight block).
+QUANTIZED_TYPES = {_Q4_1: (0, 20), _Q8_0: (1, 34)}
+_BLOCK = 32
+#: float16 bit pattern -> float32 value (256 KB): the blocks' scales, exactly, with no float16 in numba.
+_F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+# Reassociation (for SIMD sums) and FMA contraction only, as in decoding.kernels.
+_FM = {"reassoc", "contract"}
+#: Row chunks per call, each with its own scratch rows; more chunks than threads, so that a
+#: thread held up by another process does not leave half the matrix to one core.
+_CHUNKS = 16
+#: Weight rows asked for ahead of the ones being dequantized (about 6 KB of Q4_1 at 576 columns).
+_PREFETCH_ROWS = 16
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedMatrix:
+    """A ``[N, K]`` weight matrix held as GGUF blocks: ``blocks`` is uint8 ``[N, K / 32 * block_bytes]``.
+
+    Build it with :meth:`from_raw` (the bytes of a GGUF tensor) or :meth:`concatenate` (fused
+    matrices). ``dtype`` is the dtype of the products, float32.
+
+    Examples
+    --------
+    >>> import gguf
+    >>> w = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    >>> raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    >>> qm = QuantizedMatrix.from_raw(raw, gguf.GGMLQuantizationType.Q8_0, (2, 32))
+    >>> qm.shape, qm.nbytes, float(np.abs(qm.dequantize() - w).max()) < 0.01
+    ((2, 32), 68, True)
+    """
+
+    blocks: np.ndarray
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, int]
+
+    dtype = np.dtype(np.float32)
+
+    @classmethod
+    def from_raw(cls, raw, ggml_type, shape) -> QuantizedMatrix:
+        """Copy the bytes ``raw`` of a Q4_1 or Q8_0 tensor of NumPy shape ``shape`` ``(N, K)``.
+
+        ``ValueError`` for another type, a ``K`` that is not a multiple of 32, a byte count that
+        does not match, or a scale that is not finite (a corrupt file).
+        """
+        ggml_type = GGMLQuantizationType(ggml_type)
+        if ggml_type not in QUANTIZED_TYPES:
+            raise ValueError(f"ggml_type must be one of {[t.name for t in QUANTIZED_TYPES]}, got {ggml_type.name}")
+        if len(shape) != 2 or shape[1] % _BLOCK:
+            raise ValueError(f"shape must be (N, K) with K a multiple of {_BLOCK}, got {tuple(shape)}")
+        N, K = (int(s) for s in shape)
+        row_bytes = K // _BLOCK * QUANTIZED_TYPES[ggml_type][1]
+        raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+        if raw.size != N * row_bytes:
+            raise ValueError(f"{ggml_type.name} data of shape {(N, K)} needs {N * row_bytes} bytes, got {raw.size}")
+        qm = cls(np.array(raw.reshape(N, row_bytes)), ggml_type, (N, K))
+        if not np.isfinite(qm._scales()).all():
+            raise ValueError(f"{ggml_type.name} data has non-finite block scales (corrupt data?)")
+        return qm
+
+    @classmethod
+    def concatenate(cls, parts) -> QuantizedMatrix:
+        """The row-wise concatenation of matrices of one type and width (fused Q/K/V or gate/up)."""
+        parts = list(parts)
+        kinds = {(p.ggml_type, p.shape[1]) for p in parts}
+        if len(kinds) != 1:
+            raise ValueError(f"can only concatenate matrices of one type and width, got {sorted(kinds)}")
+        blocks = np.concatenate([p.blocks for p in parts], axis=0)
+        return cls(blocks, parts[0].ggml_type, (blocks.shape[0], parts[0].shape[1]))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (and read by one product)."""
+        return self.blocks.nbytes
+
+    def _block_view(self, rows=slice(None)):
+        return self.blocks[rows].reshape(-1, self.shape[1] // _BLOCK, QUANTIZED_TYPES[self.ggml_type][1])
+
+    def _scales(self):
+        b = self._block_view()
+        n = 2 if self.ggml_type == _Q4_1 else 1  # d (and m)
+        return _F16[b[..., : 2 * n].copy().view("<u2")]
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        """The weights as float32, ``[N, K]`` (or ``[len(rows), K]``): the reference for the kernels.
+
+        Computed in float64 and rounded once, as the kernels' fused multiply-add does, so the two
+        agree bit for bit.
+        """
+        b = self._block_view(slice(None) if rows is None else np.asarray(rows, dtype=np.int64))
+        d = _F16[b[..., 0:2].copy().view("<u2")].astype(np.float64)  # [R, nb, 1]
+        if self.ggml_type == _Q4_1:
+            m = _F16[b[..., 2:4].copy().view("<u2")].astype(np.float64)
+            qs = b[..., 4:]
+            q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float64)  # [R, nb, 32]
+            w = q * d + m
+        else:
+            w = b[..., 2:].view(np.int8).astype(np.float64) * d
+        return w.astype(np.float32).reshape(b.shape[0], self.shape[1])
+
+
+@njit(fastmath=_FM, cache=True)
+def _dequant_row(row, kind, lut, dst):  # pragma: no cover - compiled
+    nb = dst.shape[0] // 32
+    if kind == 0:  # Q4_1: d, m, 16 bytes of nibbles
+        for b in range(nb):
+            o = 20 * b
+            d = lut[np.intp(row[o]) | (np.intp(row[o + 1]) << 8)]
+            m = lut[np.intp(row[o + 2]) | (np.intp(row[o + 3]) << 8)]
+            dequant_q4_1_block(row, o + 4, d, m, dst, 32 * b)
+    else:  # Q8_0: d, 32 int8
+        for b in range(nb):
+            o = 34 * b
+            d = lut[np.intp(row[o]) | (np.intp(row[o + 1]) << 8)]
+            dequant_q8_0_block(row, o + 2, d, dst, 32 * b)
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _quantized_rows(x, blocks, kind, lut, out, scratch):  # pragma: no cover - compiled
+    # Chunks of four-row groups; per group: prefetch the rows _PREFETCH_ROWS ahead, dequantize
+    # four rows into the chunk's scratch (L1), then four weight rows times four tokens per pass
+    # over K (the float32 kernel's long-row loop). A missing last row repeats row N - 1.
+    T, K = x.shape
+    N = blocks.shape[0]
+    n_chunks = scratch.shape[0]
+    n_quads = (N + 3) // 4
+    T4 = T - T % 4
+    zero = np.float32(0)
+    for c in prange(n_chunks):
+        w0, w1, w2, w3 = scratch[c, 0], scratch[c, 1], scratch[c, 2], scratch[c, 3]
+        for quad in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
+            n0 = 4 * quad
+            n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
+            pf = n0 + _PREFETCH_ROWS
+            pf_end = min(pf + 4, N)
+            while pf < pf_end:
+                pf = prefetch_next_row(blocks, pf, pf_end, 64)
+            _dequant_row(blocks[n0], kind, lut, w0)
+            _dequant_row(blocks[n1], kind, lut, w1)
+            _dequant_row(blocks[n2], kind, lut, w2)
+            _dequant_row(blocks[n3], kind, lut, w3)
+            for t in range(0, T4, 4):
+                x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
+                a00 = a01 = a02 = a03 = zero
+                a10 = a11 = a12 = a13 = zero
+                a20 = a21 = a22 = a23 = zero
+                a30 = a31 = a32 = a33 = zero
+                for k in range(K):
+                    p, q, r, s = x0[k], x1[k], x2[k], x3[k]
+                    u = w0[k]
+                    a00 += p * u
+                    a01 += q * u
+                    a02 += r * u
+                    a03 += s * u
+                    u = w1[k]
+                    a10 += p * u
+                    a11 += q * u
+                    a12 += r * u
+                    a13 += s * u
+                    u = w2[k]
+                    a20 += p * u
+                    a21 += q * u
+                    a22 += r * u
+                    a23 += s * u
+                    u = w3[k]
+                    a30 += p * u
+                    a31 += q * u
+                    a32 += r * u
+                    a33 += s * u
+                out[t, n0], out[t + 1, n0], out[t + 2, n0], out[t + 3, n0] = a00, a01, a02, a03
+                out[t, n1], out[t + 1, n1], out[t + 2, n1], out[t + 3, n1] = a10, a11, a12, a13
+                out[t, n2], out[t + 1, n2], out[t + 2, n2], out[t + 3, n2] = a20, a21, a22, a23
+                out[t, n3], out[t + 1, n3], out[t + 2, n3], out[t + 3, n3] = a30, a31, a32, a33
+            for t in range(T4, T):
+                xt = x[t]
+                a0 = a1 = a2 = a3 = zero
+                for k in range(K):
+                    p = xt[k]
+                    a0 += p * w0[k]
+                    a1 += p * w1[k]
+                    a2 += p * w2[k]
+                    a3 += p * w3[k]
+                out[t, n0], out[t, n1], out[t, n2], out[t, n3] = a0, a1, a2, a3
+
+
+_scratch = threading.local()  # per calling thread: two Python threads never share scratch rows
+
+
+def _scratch_rows(n_chunks: int, K: int) -> np.ndarray:
+    # Kept between calls (a fresh 100-400 KB allocation each call would page-fault every time),
+    # and handed out as a C-contiguous [n_chunks, 4, K] prefix: a strided view would compile the
+    # kernel for strided rows, which LLVM does not vectorize.
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n_chunks * 4 * K:
+        buf = np.empty(max(_CHUNKS * 4 * K, 0 if buf is None else buf.size), dtype=np.float32)
+        _scratch.buf = buf
+    return buf[: n_chunks * 4 * K].reshape(n_chunks, 4, K)
+
+
+def quantized_linear(x: np.ndarray, w: QuantizedMatrix, *, max_rows: int = 256) -> np.ndarray:
+    """``x @ W.T`` for float32 activations ``x`` ``[T, K]`` and a quantized weight ``W`` ``[N, K]``.
+
+    Every weight is read once per ``max_rows`` activation rows (longer inputs go in blocks of
+    that many, whose activations stay in L2). The result is float32 ``[T, N]``.
+
+    Examples
+    --------
+    >>> import gguf
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.normal(size=(8, 64)).astype(np.float32)
+    >>> qm = QuantizedMatrix.from_raw(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1),
+    ...                               gguf.GGMLQuantizationType.Q4_1, (8, 64))
+    >>> x = rng.normal(size=(3, 64)).astype(np.float32)
+    >>> bool(np.allclose(quantized_linear(x, qm), x @ qm.dequantize().T, rtol=1e-5, atol=1e-5))
+    True
+    """
+    if not isinstance(w, QuantizedMatrix):
+        raise TypeError(f"w must be a QuantizedMatrix, got {type(w).__name__}")
+    N, K = w.shape
+    if x.ndim != 2 or x.shape[1] != K:
+        raise ValueError(f"x must have shape (T, {K}), got {x.shape}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    T = x.shape[0]
+    out = np.empty((T, N), dtype=np.float32)
+    if T == 0 or N == 0:
+        return out
+    kind = QUANTIZED_TYPES[w.ggml_type][0]
+    scratch = _scratch_rows(min(_CHUNKS, (N + 3) // 4), K)
+    step = max(1, int(max_rows))
+    for a in range(0, T, step):
+        _quantized_rows(x[a : a + step], w.blocks, kind, _F16, out[a : a + step], scratch)
+    return out

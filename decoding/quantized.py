@@ -236,7 +236,10 @@ def quantized_linear(x: np.ndarray, w: QuantizedMatrix, *, max_rows: int = 256) 
     """``x @ W.T`` for float32 activations ``x`` ``[T, K]`` and a quantized weight ``W`` ``[N, K]``.
 
     Every weight is read once per ``max_rows`` activation rows (longer inputs go in blocks of
-    that many, whose activations stay in L2). The result is float32 ``[T, N]``.
+    that many, whose activations stay in L2). The result is float32 ``[T, N]``. It does not
+    depend on the thread count (the row chunks are fixed); a row's last bits do depend on its
+    place in a group of four rows (the kernel sums four rows at a time, and a remainder row
+    alone, in different orders), as with :func:`decoding.kernels.rows_times_weights`.
 
     Examples
     --------

@@ -46,7 +46,7 @@ def prefetch_l2(typingctx, row, k):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def prefetch_next_row(w, r, end, line):  # pragma: no cover - compiled
-    """Prefetch row ``r`` of ``w`` (if ``r < end``) into L2, one hint per ``line`` elements; returns ``r + 1``.
+    """Prefetch row ``r`` of ``w`` (if ``r < end``) into L2, a hint per ``line`` elements; returns ``r + 1``.
 
     The kernels call this once per pass over their tokens, so the rows they ask for are spread
     over the block's work: the whole block's rows asked for at once filled the core's queue of
@@ -69,7 +69,9 @@ def _vector_pointer(context, builder, aryty, ary, index, elem, lanes):
 def _splat(builder, value, lanes):
     vty = ir.VectorType(value.type, lanes)
     v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, _I32(0))
-    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+    return builder.shuffle_vector(
+        v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes)
+    )
 
 
 def _vector_call(builder, name, args):
@@ -120,3 +122,102 @@ def dequant_q8_0_block(typingctx, src, offset, d, dst, base):  # pragma: no cove
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _half_to_float(builder, byte_ptr):
+    """The little-endian float16 at ``byte_ptr`` (an i8*) as a float32 (``vcvtph2ps`` on x86)."""
+    h = builder.load(builder.bitcast(byte_ptr, ir.HalfType().as_pointer()), align=1)
+    return builder.fpext(h, _F32)
+
+
+def _horizontal_sum(builder, v):
+    """Sum of the lanes of a float vector by halving: a fixed order, so a fixed result."""
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, _I32(0))
+
+
+def _row_dot4(kind):
+    """An intrinsic: the dot products of four rows of blocks with one float32 row ``x``.
+
+    ``(blocks, n0, n1, n2, n3, x) -> (s0, s1, s2, s3)`` where ``s_i = sum_k x[k] * w_i[k]`` and
+    ``w_i`` is row ``n_i`` of ``blocks`` dequantized exactly as by :func:`dequant_q4_1_block` /
+    :func:`dequant_q8_0_block` (``kind`` "q4_1" or "q8_0"). One loop over the row's blocks in LLVM
+    IR whose accumulators (two 16-lane vectors a row) stay in registers: each weight is converted,
+    scaled and multiplied once, with no trip through memory. This is the one-token product, where
+    dequantizing into a scratch row would cost as much as the product itself.
+    """
+    block_bytes = 20 if kind == "q4_1" else 34
+
+    def dot4(typingctx, blocks, n0, n1, n2, n3, x):
+        ret = types.UniTuple(types.float32, 4)
+        sig = ret(blocks, types.intp, types.intp, types.intp, types.intp, x)
+
+        def codegen(context, builder, signature, args):
+            blocks_t, x_t = signature.args[0], signature.args[5]
+            ary = context.make_array(blocks_t)(context, builder, args[0])
+            xa = context.make_array(x_t)(context, builder, args[5])
+            zero_i = ir.Constant(cgutils.intp_t, 0)
+            i8p = ir.IntType(8).as_pointer()
+            rows = [
+                builder.bitcast(
+                    cgutils.get_item_pointer(context, builder, blocks_t, ary, [n, zero_i], wraparound=False),
+                    i8p,
+                )
+                for n in args[1:5]
+            ]
+            xptr = cgutils.get_item_pointer(context, builder, x_t, xa, [zero_i], wraparound=False)
+            vty = ir.VectorType(_F32, 16)
+            v16p = vty.as_pointer()
+            zero = ir.Constant(vty, [0.0] * 16)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(4)]
+            count = builder.udiv(builder.extract_value(xa.shape, 0), ir.Constant(cgutils.intp_t, 32))
+            with cgutils.for_range(builder, count) as loop:
+                b = loop.index
+                xb = builder.gep(xptr, [builder.mul(b, ir.Constant(cgutils.intp_t, 32))])
+                xlo = builder.load(builder.bitcast(xb, v16p), align=4)
+                xhi = builder.load(
+                    builder.bitcast(builder.gep(xb, [ir.Constant(cgutils.intp_t, 16)]), v16p), align=4
+                )
+                for r in range(4):
+                    base = builder.gep(rows[r], [builder.mul(b, ir.Constant(cgutils.intp_t, block_bytes))])
+                    d = _splat(builder, _half_to_float(builder, base), 16)
+                    if kind == "q4_1":
+                        m = _splat(builder, _half_to_float(builder, builder.gep(base, [_I32(2)])), 16)
+                        qp = builder.bitcast(
+                            builder.gep(base, [_I32(4)]), ir.VectorType(ir.IntType(8), 16).as_pointer()
+                        )
+                        wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
+                        qlo = builder.uitofp(builder.and_(wide, ir.Constant(wide.type, [15] * 16)), vty)
+                        qhi = builder.uitofp(builder.lshr(wide, ir.Constant(wide.type, [4] * 16)), vty)
+                        wlo = _vector_call(builder, "llvm.fma.v16f32", [d, qlo, m])
+                        whi = _vector_call(builder, "llvm.fma.v16f32", [d, qhi, m])
+                    else:
+                        qp = builder.bitcast(
+                            builder.gep(base, [_I32(2)]), ir.VectorType(ir.IntType(8), 16).as_pointer()
+                        )
+                        q0 = builder.sitofp(builder.load(qp, align=1), vty)
+                        q1 = builder.sitofp(builder.load(builder.gep(qp, [_I32(1)]), align=1), vty)
+                        wlo, whi = builder.fmul(d, q0), builder.fmul(d, q1)
+                    for acc, xv, w in ((accs[r][0], xlo, wlo), (accs[r][1], xhi, whi)):
+                        builder.store(
+                            _vector_call(builder, "llvm.fma.v16f32", [xv, w, builder.load(acc)]), acc
+                        )
+            sums = [
+                _horizontal_sum(builder, builder.fadd(builder.load(a0), builder.load(a1))) for a0, a1 in accs
+            ]
+            return context.make_tuple(builder, signature.return_type, sums)
+
+        return sig, codegen
+
+    dot4.__name__ = f"row_dot4_{kind}"
+    dot4.__doc__ = _row_dot4.__doc__
+    return intrinsic(dot4)
+
+
+row_dot4_q4_1 = _row_dot4("q4_1")
+row_dot4_q8_0 = _row_dot4("q8_0")

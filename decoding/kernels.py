@@ -221,9 +221,9 @@ def linear(x, w):
     """``x @ w.T`` for activations ``x`` ``[T, K]`` and a weight ``w`` ``[N, K]``.
 
     A :class:`~decoding.quantized.QuantizedMatrix` goes through
-    :func:`~decoding.quantized.quantized_linear`. NumPy float arrays go through :func:`rows_times_weights`, in blocks of at most
-    :data:`FEW_ROWS` rows (a long prefill); other array namespaces (CuPy), or ``FEW_ROWS = 0``,
-    through the namespace's matmul.
+    :func:`~decoding.quantized.quantized_linear`. NumPy float arrays go through
+    :func:`rows_times_weights`, in blocks of at most :data:`FEW_ROWS` rows (a long prefill);
+    other array namespaces (CuPy), or ``FEW_ROWS = 0``, through the namespace's matmul.
 
     Examples
     --------

@@ -154,10 +154,7 @@ class _Prefetcher:
     """
 
     def __init__(self, layers):
-        self._lines = [
-            [_weight_lines(w) for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
-            for L in layers
-        ]
+        self._lines = [[_weight_lines(w) for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)] for L in layers]
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.current = -1  # layer the main thread is computing
         self._thread = threading.Thread(target=self._run, name="decoding-prefetch", daemon=True)
@@ -182,7 +179,10 @@ def _weight_lines(w) -> np.ndarray:
 
 def _fuse(parts):
     """Row-concatenate the parts of a fused matrix: as blocks when all are quantized alike, else float."""
-    if all(isinstance(p, QuantizedMatrix) for p in parts) and len({(p.ggml_type, p.shape[1]) for p in parts}) == 1:
+    if (
+        all(isinstance(p, QuantizedMatrix) for p in parts)
+        and len({(p.ggml_type, p.shape[1]) for p in parts}) == 1
+    ):
         return QuantizedMatrix.concatenate(parts)
     return np.concatenate([p.dequantize() if isinstance(p, QuantizedMatrix) else p for p in parts], axis=0)
 
@@ -313,7 +313,9 @@ class Model:
     @property
     def weight_format(self) -> str:
         """``"quantized"`` when weights are held as GGUF blocks, else the weights' dtype name."""
-        held = [self.tok_embd, self._output] + [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+        held = [self.tok_embd, self._output] + [
+            w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)
+        ]
         return "quantized" if any(isinstance(w, QuantizedMatrix) for w in held) else self.dtype.name
 
     @property

@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from ._simd import dequant_q4_1_block, dequant_q8_0_block, prefetch_next_row
+from ._simd import dequant_q4_1_block, dequant_q8_0_block, prefetch_next_row, row_dot4_q4_1, row_dot4_q8_0
 
 __all__ = ["QuantizedMatrix", "QUANTIZED_TYPES", "quantized_linear"]
 
@@ -80,14 +80,18 @@ class QuantizedMatrix:
         """
         ggml_type = GGMLQuantizationType(ggml_type)
         if ggml_type not in QUANTIZED_TYPES:
-            raise ValueError(f"ggml_type must be one of {[t.name for t in QUANTIZED_TYPES]}, got {ggml_type.name}")
+            raise ValueError(
+                f"ggml_type must be one of {[t.name for t in QUANTIZED_TYPES]}, got {ggml_type.name}"
+            )
         if len(shape) != 2 or shape[1] % _BLOCK:
             raise ValueError(f"shape must be (N, K) with K a multiple of {_BLOCK}, got {tuple(shape)}")
         N, K = (int(s) for s in shape)
         row_bytes = K // _BLOCK * QUANTIZED_TYPES[ggml_type][1]
         raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
         if raw.size != N * row_bytes:
-            raise ValueError(f"{ggml_type.name} data of shape {(N, K)} needs {N * row_bytes} bytes, got {raw.size}")
+            raise ValueError(
+                f"{ggml_type.name} data of shape {(N, K)} needs {N * row_bytes} bytes, got {raw.size}"
+            )
         qm = cls(np.array(raw.reshape(N, row_bytes)), ggml_type, (N, K))
         if not np.isfinite(qm._scales()).all():
             raise ValueError(f"{ggml_type.name} data has non-finite block scales (corrupt data?)")
@@ -170,6 +174,13 @@ def _quantized_rows(x, blocks, kind, lut, out, scratch):  # pragma: no cover - c
             pf_end = min(pf + 4, N)
             while pf < pf_end:
                 pf = prefetch_next_row(blocks, pf, pf_end, 64)
+            if T == 1:  # one token: dequantize in registers, no scratch row (see _simd.row_dot4_q4_1)
+                if kind == 0:
+                    s0, s1, s2, s3 = row_dot4_q4_1(blocks, n0, n1, n2, n3, x[0])
+                else:
+                    s0, s1, s2, s3 = row_dot4_q8_0(blocks, n0, n1, n2, n3, x[0])
+                out[0, n0], out[0, n1], out[0, n2], out[0, n3] = s0, s1, s2, s3
+                continue
             _dequant_row(blocks[n0], kind, lut, w0)
             _dequant_row(blocks[n1], kind, lut, w1)
             _dequant_row(blocks[n2], kind, lut, w2)

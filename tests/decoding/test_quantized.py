@@ -1,4 +1,4 @@
-"""Quantized weights (Q4_1, Q8_0 blocks in memory): the kernels against NumPy references of the same arithmetic.
+"""Quantized weights (Q4_1, Q8_0 blocks in memory): the kernels against NumPy references of the same sums.
 
 The references are independent of the code under test where they can be: gguf's own quantizer
 and dequantizer, and a float64 product of the dequantized weights. The product's bound is float32
@@ -64,7 +64,10 @@ def test_kernel_weights_are_the_reference_bit_for_bit(qtype):
     # x = the identity: every output is one weight times 1 plus zeros, so the product is W.T exactly
     rng = np.random.default_rng(1)
     qm, _ = quantized(rng, (9, 64), qtype)
-    np.testing.assert_array_equal(quantized_linear(np.eye(64, dtype=np.float32), qm), qm.dequantize().T)
+    W = qm.dequantize()
+    np.testing.assert_array_equal(quantized_linear(np.eye(64, dtype=np.float32), qm), W.T)
+    for k in (0, 17, 63):  # one token: the in-register kernel (decoding._simd.row_dot4_*)
+        np.testing.assert_array_equal(quantized_linear(np.eye(64, dtype=np.float32)[k : k + 1], qm)[0], W[:, k])
 
 
 def test_long_inputs_go_in_blocks_and_thread_count_changes_nothing():

@@ -67,7 +67,8 @@ def test_kernel_weights_are_the_reference_bit_for_bit(qtype):
     W = qm.dequantize()
     np.testing.assert_array_equal(quantized_linear(np.eye(64, dtype=np.float32), qm), W.T)
     for k in (0, 17, 63):  # one token: the in-register kernel (decoding._simd.row_dot4_*)
-        np.testing.assert_array_equal(quantized_linear(np.eye(64, dtype=np.float32)[k : k + 1], qm)[0], W[:, k])
+        e_k = np.eye(64, dtype=np.float32)[k : k + 1]
+        np.testing.assert_array_equal(quantized_linear(e_k, qm)[0], W[:, k])
 
 
 def test_long_inputs_go_in_blocks_and_thread_count_changes_nothing():

@@ -1,6 +1,6 @@
 """Multi-sample speculative decoding (EMS-SD) against the padded baseline and autoregressive decoding.
 
-Model: SmolLM2-135M-Instruct (Q4_1 GGUF held as float32). Workload, built at run
+Model: SmolLM2-135M-Instruct (Q4_1 GGUF held quantized). Workload, built at run
 time from text every Python installation has: docstrings of standard-library functions and
 classes (the first 45 words of each docstring that is at least 45 words long and mostly prose,
 from a fixed list of modules; 16 of them, evenly spaced). Two tasks:

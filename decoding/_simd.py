@@ -17,6 +17,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["dequant_q4_1_block", "dequant_q8_0_block", "prefetch_l2", "prefetch_next_row"]
+__all__ += ["ROWS_DOT"]
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
@@ -141,83 +142,115 @@ def _horizontal_sum(builder, v):
     return builder.extract_element(v, _I32(0))
 
 
-def _row_dot4(kind):
-    """An intrinsic: the dot products of four rows of blocks with one float32 row ``x``.
-
-    ``(blocks, n0, n1, n2, n3, x) -> (s0, s1, s2, s3)`` where ``s_i = sum_k x[k] * w_i[k]`` and
-    ``w_i`` is row ``n_i`` of ``blocks`` dequantized exactly as by :func:`dequant_q4_1_block` /
-    :func:`dequant_q8_0_block` (``kind`` "q4_1" or "q8_0"). One loop over the row's blocks in LLVM
-    IR whose accumulators (two 16-lane vectors a row) stay in registers: each weight is converted,
-    scaled and multiplied once, with no trip through memory. This is the one-token product, where
-    dequantizing into a scratch row would cost as much as the product itself.
-    """
+def _rows_dot_codegen(kind, n_rows, tokens):
+    """LLVM IR of ``n_rows`` rows of blocks times ``tokens`` float32 rows of ``x`` (see :data:`ROWS_DOT`)."""
     block_bytes = 20 if kind == "q4_1" else 34
+    halves = 2 if tokens == 1 else 1
 
-    def dot4(typingctx, blocks, n0, n1, n2, n3, x):
-        ret = types.UniTuple(types.float32, 4)
-        sig = ret(blocks, types.intp, types.intp, types.intp, types.intp, x)
-
-        def codegen(context, builder, signature, args):
-            blocks_t, x_t = signature.args[0], signature.args[5]
-            ary = context.make_array(blocks_t)(context, builder, args[0])
-            xa = context.make_array(x_t)(context, builder, args[5])
-            zero_i = ir.Constant(cgutils.intp_t, 0)
-            i8p = ir.IntType(8).as_pointer()
-            rows = [
-                builder.bitcast(
-                    cgutils.get_item_pointer(context, builder, blocks_t, ary, [n, zero_i], wraparound=False),
-                    i8p,
-                )
-                for n in args[1:5]
-            ]
-            xptr = cgutils.get_item_pointer(context, builder, x_t, xa, [zero_i], wraparound=False)
-            vty = ir.VectorType(_F32, 16)
-            v16p = vty.as_pointer()
-            zero = ir.Constant(vty, [0.0] * 16)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(4)]
-            count = builder.udiv(builder.extract_value(xa.shape, 0), ir.Constant(cgutils.intp_t, 32))
-            with cgutils.for_range(builder, count) as loop:
-                b = loop.index
-                xb = builder.gep(xptr, [builder.mul(b, ir.Constant(cgutils.intp_t, 32))])
+    def codegen(context, builder, signature, args):
+        blocks_t, x_t = signature.args[0], signature.args[n_rows + 1]
+        ary = context.make_array(blocks_t)(context, builder, args[0])
+        xa = context.make_array(x_t)(context, builder, args[n_rows + 1])
+        intp = cgutils.intp_t
+        zero_i = ir.Constant(intp, 0)
+        i8p = ir.IntType(8).as_pointer()
+        rows = [
+            builder.bitcast(
+                cgutils.get_item_pointer(context, builder, blocks_t, ary, [n, zero_i], wraparound=False), i8p
+            )
+            for n in args[1 : n_rows + 1]
+        ]
+        t0 = args[n_rows + 2]
+        xrows = [
+            cgutils.get_item_pointer(
+                context, builder, x_t, xa, [builder.add(t0, ir.Constant(intp, t)), zero_i], wraparound=False
+            )
+            for t in range(tokens)
+        ]
+        vty = ir.VectorType(_F32, 16)
+        v16p = vty.as_pointer()
+        b16p = ir.VectorType(ir.IntType(8), 16).as_pointer()
+        zero = ir.Constant(vty, [0.0] * 16)
+        accs = [
+            [[cgutils.alloca_once_value(builder, zero) for _ in range(halves)] for _ in range(tokens)]
+            for _ in range(n_rows)
+        ]
+        count = builder.udiv(builder.extract_value(xa.shape, 1), ir.Constant(intp, 32))
+        with cgutils.for_range(builder, count) as loop:
+            b = loop.index
+            xs = []
+            for xr in xrows:
+                xb = builder.gep(xr, [builder.mul(b, ir.Constant(intp, 32))])
                 xlo = builder.load(builder.bitcast(xb, v16p), align=4)
-                xhi = builder.load(
-                    builder.bitcast(builder.gep(xb, [ir.Constant(cgutils.intp_t, 16)]), v16p), align=4
-                )
-                for r in range(4):
-                    base = builder.gep(rows[r], [builder.mul(b, ir.Constant(cgutils.intp_t, block_bytes))])
-                    d = _splat(builder, _half_to_float(builder, base), 16)
-                    if kind == "q4_1":
-                        m = _splat(builder, _half_to_float(builder, builder.gep(base, [_I32(2)])), 16)
-                        qp = builder.bitcast(
-                            builder.gep(base, [_I32(4)]), ir.VectorType(ir.IntType(8), 16).as_pointer()
-                        )
-                        wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
-                        qlo = builder.uitofp(builder.and_(wide, ir.Constant(wide.type, [15] * 16)), vty)
-                        qhi = builder.uitofp(builder.lshr(wide, ir.Constant(wide.type, [4] * 16)), vty)
-                        wlo = _vector_call(builder, "llvm.fma.v16f32", [d, qlo, m])
-                        whi = _vector_call(builder, "llvm.fma.v16f32", [d, qhi, m])
-                    else:
-                        qp = builder.bitcast(
-                            builder.gep(base, [_I32(2)]), ir.VectorType(ir.IntType(8), 16).as_pointer()
-                        )
-                        q0 = builder.sitofp(builder.load(qp, align=1), vty)
-                        q1 = builder.sitofp(builder.load(builder.gep(qp, [_I32(1)]), align=1), vty)
-                        wlo, whi = builder.fmul(d, q0), builder.fmul(d, q1)
-                    for acc, xv, w in ((accs[r][0], xlo, wlo), (accs[r][1], xhi, whi)):
-                        builder.store(
-                            _vector_call(builder, "llvm.fma.v16f32", [xv, w, builder.load(acc)]), acc
-                        )
-            sums = [
-                _horizontal_sum(builder, builder.fadd(builder.load(a0), builder.load(a1))) for a0, a1 in accs
-            ]
-            return context.make_tuple(builder, signature.return_type, sums)
+                xhi = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(intp, 16)]), v16p), align=4)
+                xs.append((xlo, xhi))
+            for r in range(n_rows):
+                base = builder.gep(rows[r], [builder.mul(b, ir.Constant(intp, block_bytes))])
+                d = _splat(builder, _half_to_float(builder, base), 16)
+                if kind == "q4_1":
+                    m = _splat(builder, _half_to_float(builder, builder.gep(base, [_I32(2)])), 16)
+                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
+                    wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
+                    qlo = builder.uitofp(builder.and_(wide, ir.Constant(wide.type, [15] * 16)), vty)
+                    qhi = builder.uitofp(builder.lshr(wide, ir.Constant(wide.type, [4] * 16)), vty)
+                    wlo = _vector_call(builder, "llvm.fma.v16f32", [d, qlo, m])
+                    whi = _vector_call(builder, "llvm.fma.v16f32", [d, qhi, m])
+                else:
+                    qp = builder.bitcast(builder.gep(base, [_I32(2)]), b16p)
+                    q0 = builder.sitofp(builder.load(qp, align=1), vty)
+                    q1 = builder.sitofp(builder.load(builder.gep(qp, [_I32(1)]), align=1), vty)
+                    wlo, whi = builder.fmul(d, q0), builder.fmul(d, q1)
+                for t, (xlo, xhi) in enumerate(xs):
+                    a_lo, a_hi = accs[r][t][0], accs[r][t][halves - 1]
+                    builder.store(
+                        _vector_call(builder, "llvm.fma.v16f32", [xlo, wlo, builder.load(a_lo)]), a_lo
+                    )
+                    builder.store(
+                        _vector_call(builder, "llvm.fma.v16f32", [xhi, whi, builder.load(a_hi)]), a_hi
+                    )
+        sums = []
+        for r in range(n_rows):
+            for t in range(tokens):
+                v = builder.load(accs[r][t][0])
+                if halves == 2:
+                    v = builder.fadd(v, builder.load(accs[r][t][1]))
+                sums.append(_horizontal_sum(builder, v))
+        return context.make_tuple(builder, signature.return_type, sums)
 
-        return sig, codegen
-
-    dot4.__name__ = f"row_dot4_{kind}"
-    dot4.__doc__ = _row_dot4.__doc__
-    return intrinsic(dot4)
+    return codegen
 
 
-row_dot4_q4_1 = _row_dot4("q4_1")
-row_dot4_q8_0 = _row_dot4("q8_0")
+def _rows_dot(kind, n_rows, tokens):
+    def typer(*argtys):
+        blocks, x = argtys[0], argtys[n_rows + 1]
+        ret = types.UniTuple(types.float32, n_rows * tokens)
+        sig = ret(blocks, *([types.intp] * n_rows), x, types.intp)
+        return sig, _rows_dot_codegen(kind, n_rows, tokens)
+
+    if n_rows == 4:
+
+        def rows_dot(typingctx, blocks, n0, n1, n2, n3, x, t0):
+            return typer(blocks, n0, n1, n2, n3, x, t0)
+    else:
+
+        def rows_dot(typingctx, blocks, n0, n1, x, t0):
+            return typer(blocks, n0, n1, x, t0)
+
+    rows_dot.__name__ = f"rows_dot_{kind}_{n_rows}x{tokens}"
+    return intrinsic(rows_dot)
+
+
+#: Intrinsics ``ROWS_DOT[kind, rows, tokens]``: ``(blocks, n_0, .., n_{rows-1}, x, t0)`` returns the
+#: ``rows * tokens`` sums ``s_it = sum_k x[t0 + t, k] * w_i[k]`` (row-major: ``s_00, s_01, ..``),
+#: ``w_i`` being row ``n_i`` of ``blocks`` dequantized exactly as by :func:`dequant_q4_1_block` /
+#: :func:`dequant_q8_0_block`. One loop over the row's blocks in LLVM IR whose accumulators (a
+#: 16-lane vector per row and token; two for one token, to halve the chain of dependent adds)
+#: stay in registers: each block of each row is converted and scaled once, in registers, and used
+#: for every token; nothing goes through memory. The shapes: four rows times one, two or four
+#: tokens, and two rows times eight (20 accumulators and weights: AVX-512's 32 registers hold
+#: them; AVX2 spills some to L1).
+ROWS_DOT = {
+    (kind, rows, tokens): _rows_dot(kind, rows, tokens)
+    for kind in ("q4_1", "q8_0")
+    for rows, tokens in ((4, 1), (4, 2), (4, 4), (2, 8))
+}

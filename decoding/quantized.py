@@ -29,7 +29,19 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from ._simd import dequant_q4_1_block, dequant_q8_0_block, prefetch_next_row, row_dot4_q4_1, row_dot4_q8_0
+from ._simd import (
+    ROWS_DOT,
+    dequant_q4_1_block,
+    dequant_q8_0_block,
+    prefetch_next_row,
+)
+
+_Q4_1_4x1, _Q4_1_4x2, _Q4_1_4x4, _Q4_1_2x8 = (
+    ROWS_DOT["q4_1", r, u] for r, u in ((4, 1), (4, 2), (4, 4), (2, 8))
+)
+_Q8_0_4x1, _Q8_0_4x2, _Q8_0_4x4, _Q8_0_2x8 = (
+    ROWS_DOT["q8_0", r, u] for r, u in ((4, 1), (4, 2), (4, 4), (2, 8))
+)
 
 __all__ = ["QuantizedMatrix", "QUANTIZED_TYPES", "quantized_linear"]
 
@@ -44,6 +56,9 @@ _FM = {"reassoc", "contract"}
 #: Row chunks per call, each with its own scratch rows; more chunks than threads, so that a
 #: thread held up by another process does not leave half the matrix to one core.
 _CHUNKS = 16
+#: Below this many tokens, products dequantize in registers for every four tokens; from it on,
+#: once per row into a scratch row in L1 that all the tokens then use.
+_REGISTER_TOKENS = 16
 #: Weight rows asked for ahead of the ones being dequantized (about 6 KB of Q4_1 at 576 columns).
 _PREFETCH_ROWS = 16
 
@@ -154,6 +169,43 @@ def _dequant_row(row, kind, lut, dst):  # pragma: no cover - compiled
             dequant_q8_0_block(row, o + 2, d, dst, 32 * b)
 
 
+@njit(fastmath=_FM, cache=True)
+def _register_quad(x, blocks, kind, n0, n1, n2, n3, out):  # pragma: no cover - compiled
+    # rows n0..n3 times every row of x: eight tokens at a time (two rows at once), then four,
+    # two and one (four rows at once)
+    T = x.shape[0]
+    t = 0
+    while t + 8 <= T:
+        for a, b in ((n0, n1), (n2, n3)):
+            r8 = _Q4_1_2x8(blocks, a, b, x, t) if kind == 0 else _Q8_0_2x8(blocks, a, b, x, t)
+            for i in range(8):
+                out[t + i, a], out[t + i, b] = r8[i], r8[8 + i]
+        t += 8
+    if t + 4 <= T:
+        r = _Q4_1_4x4(blocks, n0, n1, n2, n3, x, t) if kind == 0 else _Q8_0_4x4(blocks, n0, n1, n2, n3, x, t)
+        for i in range(4):
+            out[t + i, n0], out[t + i, n1], out[t + i, n2], out[t + i, n3] = (
+                r[i],
+                r[4 + i],
+                r[8 + i],
+                r[12 + i],
+            )
+        t += 4
+    if t + 2 <= T:
+        r2 = _Q4_1_4x2(blocks, n0, n1, n2, n3, x, t) if kind == 0 else _Q8_0_4x2(blocks, n0, n1, n2, n3, x, t)
+        for i in range(2):
+            out[t + i, n0], out[t + i, n1], out[t + i, n2], out[t + i, n3] = (
+                r2[i],
+                r2[2 + i],
+                r2[4 + i],
+                r2[6 + i],
+            )
+        t += 2
+    if t < T:
+        r1 = _Q4_1_4x1(blocks, n0, n1, n2, n3, x, t) if kind == 0 else _Q8_0_4x1(blocks, n0, n1, n2, n3, x, t)
+        out[t, n0], out[t, n1], out[t, n2], out[t, n3] = r1[0], r1[1], r1[2], r1[3]
+
+
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _quantized_rows(x, blocks, kind, lut, out, scratch):  # pragma: no cover - compiled
     # Chunks of four-row groups; per group: prefetch the rows _PREFETCH_ROWS ahead, dequantize
@@ -174,12 +226,8 @@ def _quantized_rows(x, blocks, kind, lut, out, scratch):  # pragma: no cover - c
             pf_end = min(pf + 4, N)
             while pf < pf_end:
                 pf = prefetch_next_row(blocks, pf, pf_end, 64)
-            if T == 1:  # one token: dequantize in registers, no scratch row (see _simd.row_dot4_q4_1)
-                if kind == 0:
-                    s0, s1, s2, s3 = row_dot4_q4_1(blocks, n0, n1, n2, n3, x[0])
-                else:
-                    s0, s1, s2, s3 = row_dot4_q8_0(blocks, n0, n1, n2, n3, x[0])
-                out[0, n0], out[0, n1], out[0, n2], out[0, n3] = s0, s1, s2, s3
+            if T < _REGISTER_TOKENS:  # dequantize in registers, once per four tokens (_simd._rows_dot)
+                _register_quad(x, blocks, kind, n0, n1, n2, n3, out)
                 continue
             _dequant_row(blocks[n0], kind, lut, w0)
             _dequant_row(blocks[n1], kind, lut, w1)

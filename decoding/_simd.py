@@ -1,12 +1,14 @@
-"""LLVM intrinsics that numba lacks: a cache prefetch and the vector dequantization of one weight block.
+"""LLVM intrinsics that numba lacks: a cache prefetch, and products of quantized weight rows in registers.
 
 numba compiles scalar loops and leaves vectorization to LLVM. Two things the engine needs do not
-come out of that: a software prefetch (numba has no spelling for it), and the dequantization of a
-32-weight block of a GGUF file, whose sixteen or thirty-two byte loads LLVM keeps scalar (it
-cannot prove that the stores into the float32 row do not alias the bytes it reads, and the block's
-loop is too short for the loop vectorizer's runtime check). Here both are written as LLVM IR:
-one vector load of the block's bytes, widening, conversion and one fused multiply-add per half,
-and vector stores. LLVM lowers the 16-lane vectors to one AVX-512 or two AVX2 registers.
+come out of that: a software prefetch (numba has no spelling for it), and the product of GGUF
+weight blocks with float32 activations. Written as scalar numba, the dequantization of a
+32-weight block stays scalar (LLVM cannot prove that the float32 stores do not alias the bytes
+it reads, and the block's loop is too short for the loop vectorizer's runtime check), and a
+block's scale varies along the row, which the vectorizer cannot hoist. Here the whole loop over a
+row's blocks is LLVM IR: one vector load of a block's bytes, widening, conversion and a fused
+multiply-add by its scale per half, then a fused multiply-add into each token's accumulator.
+LLVM lowers the 16-lane vectors to one AVX-512 or two AVX2 registers.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["dequant_q4_1_block", "dequant_q8_0_block", "prefetch_l2", "prefetch_next_row"]
-__all__ += ["ROWS_DOT"]
+__all__ = ["ROWS_DOT", "prefetch_l2", "prefetch_next_row"]
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
@@ -80,51 +81,6 @@ def _vector_call(builder, name, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
 
 
-@intrinsic
-def dequant_q4_1_block(typingctx, src, offset, d, m, dst, base):  # pragma: no cover - compiled
-    """``dst[base + j] = fma(d, q_j, m)`` for the 32 nibbles of the 16 bytes ``src[offset:offset + 16]``.
-
-    GGUF's Q4_1 order: the low nibble of byte ``j`` is weight ``j``, its high nibble weight
-    ``j + 16``. ``fma`` rounds once, so the result is ``float32(d * q + m)`` computed exactly (the
-    float64 reference of :func:`decoding.quantized.dequantize_rows`).
-    """
-    sig = types.void(src, types.intp, types.float32, types.float32, dst, types.intp)
-
-    def codegen(context, builder, signature, args):
-        src_t, _, _, _, dst_t, _ = signature.args
-        s, off, dv, mv, out, b = args
-        raw = builder.load(_vector_pointer(context, builder, src_t, s, off, ir.IntType(8), 16), align=1)
-        wide = builder.zext(raw, ir.VectorType(_I32, 16))
-        lo = builder.and_(wide, ir.Constant(wide.type, [15] * 16))
-        hi = builder.lshr(wide, ir.Constant(wide.type, [4] * 16))
-        vty = ir.VectorType(_F32, 16)
-        D, M = _splat(builder, dv, 16), _splat(builder, mv, 16)
-        for half, q in ((0, lo), (16, hi)):
-            w = _vector_call(builder, "llvm.fma.v16f32", [D, builder.uitofp(q, vty), M])
-            at = builder.add(b, ir.Constant(b.type, half))
-            builder.store(w, _vector_pointer(context, builder, dst_t, out, at, _F32, 16), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def dequant_q8_0_block(typingctx, src, offset, d, dst, base):  # pragma: no cover - compiled
-    """``dst[base + j] = d * q_j`` for the 32 signed bytes ``src[offset:offset + 32]`` (exact in float32)."""
-    sig = types.void(src, types.intp, types.float32, dst, types.intp)
-
-    def codegen(context, builder, signature, args):
-        src_t, _, _, dst_t, _ = signature.args
-        s, off, dv, out, b = args
-        raw = builder.load(_vector_pointer(context, builder, src_t, s, off, ir.IntType(8), 32), align=1)
-        q = builder.sitofp(raw, ir.VectorType(_F32, 32))
-        w = builder.fmul(_splat(builder, dv, 32), q)
-        builder.store(w, _vector_pointer(context, builder, dst_t, out, b, _F32, 32), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 def _half_to_float(builder, byte_ptr):
     """The little-endian float16 at ``byte_ptr`` (an i8*) as a float32 (``vcvtph2ps`` on x86)."""
     h = builder.load(builder.bitcast(byte_ptr, ir.HalfType().as_pointer()), align=1)
@@ -145,7 +101,7 @@ def _horizontal_sum(builder, v):
 def _rows_dot_codegen(kind, n_rows, tokens):
     """LLVM IR of ``n_rows`` rows of blocks times ``tokens`` float32 rows of ``x`` (see :data:`ROWS_DOT`)."""
     block_bytes = 20 if kind == "q4_1" else 34
-    halves = 2 if tokens == 1 else 1
+    halves = 2 if tokens == 1 else 1  # one token: two accumulators a row halve the chain of adds
 
     def codegen(context, builder, signature, args):
         blocks_t, x_t = signature.args[0], signature.args[n_rows + 1]
@@ -240,15 +196,16 @@ def _rows_dot(kind, n_rows, tokens):
     return intrinsic(rows_dot)
 
 
-#: Intrinsics ``ROWS_DOT[kind, rows, tokens]``: ``(blocks, n_0, .., n_{rows-1}, x, t0)`` returns the
-#: ``rows * tokens`` sums ``s_it = sum_k x[t0 + t, k] * w_i[k]`` (row-major: ``s_00, s_01, ..``),
-#: ``w_i`` being row ``n_i`` of ``blocks`` dequantized exactly as by :func:`dequant_q4_1_block` /
-#: :func:`dequant_q8_0_block`. One loop over the row's blocks in LLVM IR whose accumulators (a
-#: 16-lane vector per row and token; two for one token, to halve the chain of dependent adds)
-#: stay in registers: each block of each row is converted and scaled once, in registers, and used
-#: for every token; nothing goes through memory. The shapes: four rows times one, two or four
-#: tokens, and two rows times eight (20 accumulators and weights: AVX-512's 32 registers hold
-#: them; AVX2 spills some to L1).
+#: Intrinsics ``ROWS_DOT[kind, rows, tokens]``: ``(blocks, n_0, .., n_{rows-1}, x, t0)`` returns
+#: the ``rows * tokens`` sums ``s_it = sum_k x[t0 + t, k] * w_i[k]`` (row-major: ``s_00, s_01,
+#: ..``), ``w_i`` being row ``n_i`` of ``blocks`` dequantized: ``fma(d, q, m)`` for Q4_1 (rounded
+#: once, as :meth:`decoding.quantized.QuantizedMatrix.dequantize` computes it), ``d * q`` for
+#: Q8_0. One loop over the row's blocks in LLVM IR whose accumulators (a 16-lane vector per row
+#: and token; two for one token, to halve the chain of dependent adds) stay in registers: each
+#: block of each row is converted and scaled once, in registers, and used for every token;
+#: nothing goes through memory. The shapes: four rows times one, two or four tokens, and two rows
+#: times eight (20 accumulators and weights: AVX-512's 32 registers hold them; AVX2 spills some
+#: to L1).
 ROWS_DOT = {
     (kind, rows, tokens): _rows_dot(kind, rows, tokens)
     for kind in ("q4_1", "q8_0")

@@ -1,13 +1,13 @@
 """Weights kept as the GGUF file stores them (Q4_1 and Q8_0 blocks) and their products with activations.
 
-A decode step reads every weight once, so its time is the bytes it reads: 538 MB a token for
-SmolLM2-135M dequantized to float32, 96 MB as the file's Q4_1 layers and Q8_0 embedding.
+A decode step reads every weight once, so its time is set by the bytes it reads: 538 MB a token
+for SmolLM2-135M dequantized to float32, 97 MB as the file's Q4_1 layers and Q8_0 embedding.
 :class:`QuantizedMatrix` holds a matrix as those blocks (one row of blocks per output row), and
-:func:`quantized_linear` multiplies float32 activations by it: each thread dequantizes four
-weight rows at a time into a float32 scratch row that stays in L1 (one vector load, widening,
-conversion and fused multiply-add per block, :mod:`decoding._simd`), then runs the same
-few-row dot products as the float32 kernel of :mod:`decoding.kernels` against it. The weights
-thus stream from memory once, as blocks, and the arithmetic is float32 throughout.
+:func:`quantized_linear` multiplies float32 activations by it. Each thread takes fixed chunks of
+four-row groups; for each group an LLVM loop over the blocks (:data:`decoding._simd.ROWS_DOT`)
+converts and scales every block in registers and multiplies it into accumulators for up to eight
+tokens at once. The weights stream from memory once per call, as blocks, and no dequantized
+weight is ever stored.
 
 Exactness: a dequantized Q4_1 weight is ``float32(d * q + m)`` rounded once (a fused
 multiply-add), a Q8_0 weight ``d * q`` (exact in float32); :meth:`QuantizedMatrix.dequantize` is
@@ -22,19 +22,13 @@ Q4_1 is ``d, m, 16 bytes`` (low nibble of byte ``j``: weight ``j``; high nibble:
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from ._simd import (
-    ROWS_DOT,
-    dequant_q4_1_block,
-    dequant_q8_0_block,
-    prefetch_next_row,
-)
+from ._simd import ROWS_DOT, prefetch_next_row
 
 _Q4_1_4x1, _Q4_1_4x2, _Q4_1_4x4, _Q4_1_2x8 = (
     ROWS_DOT["q4_1", r, u] for r, u in ((4, 1), (4, 2), (4, 4), (2, 8))
@@ -53,12 +47,9 @@ _BLOCK = 32
 _F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 # Reassociation (for SIMD sums) and FMA contraction only, as in decoding.kernels.
 _FM = {"reassoc", "contract"}
-#: Row chunks per call, each with its own scratch rows; more chunks than threads, so that a
-#: thread held up by another process does not leave half the matrix to one core.
+#: Row chunks per call: more chunks than threads, so that a thread held up by another process
+#: does not leave half the matrix to one core.
 _CHUNKS = 16
-#: Below this many tokens, products dequantize in registers for every four tokens; from it on,
-#: once per row into a scratch row in L1 that all the tokens then use.
-_REGISTER_TOKENS = 16
 #: Weight rows asked for ahead of the ones being dequantized (about 6 KB of Q4_1 at 576 columns).
 _PREFETCH_ROWS = 16
 
@@ -154,22 +145,6 @@ class QuantizedMatrix:
 
 
 @njit(fastmath=_FM, cache=True)
-def _dequant_row(row, kind, lut, dst):  # pragma: no cover - compiled
-    nb = dst.shape[0] // 32
-    if kind == 0:  # Q4_1: d, m, 16 bytes of nibbles
-        for b in range(nb):
-            o = 20 * b
-            d = lut[np.intp(row[o]) | (np.intp(row[o + 1]) << 8)]
-            m = lut[np.intp(row[o + 2]) | (np.intp(row[o + 3]) << 8)]
-            dequant_q4_1_block(row, o + 4, d, m, dst, 32 * b)
-    else:  # Q8_0: d, 32 int8
-        for b in range(nb):
-            o = 34 * b
-            d = lut[np.intp(row[o]) | (np.intp(row[o + 1]) << 8)]
-            dequant_q8_0_block(row, o + 2, d, dst, 32 * b)
-
-
-@njit(fastmath=_FM, cache=True)
 def _register_quad(x, blocks, kind, n0, n1, n2, n3, out):  # pragma: no cover - compiled
     # rows n0..n3 times every row of x: eight tokens at a time (two rows at once), then four,
     # two and one (four rows at once)
@@ -206,89 +181,23 @@ def _register_quad(x, blocks, kind, n0, n1, n2, n3, out):  # pragma: no cover - 
         out[t, n0], out[t, n1], out[t, n2], out[t, n3] = r1[0], r1[1], r1[2], r1[3]
 
 
-@njit(parallel=True, fastmath=_FM, cache=True)
-def _quantized_rows(x, blocks, kind, lut, out, scratch):  # pragma: no cover - compiled
-    # Chunks of four-row groups; per group: prefetch the rows _PREFETCH_ROWS ahead, dequantize
-    # four rows into the chunk's scratch (L1), then four weight rows times four tokens per pass
-    # over K (the float32 kernel's long-row loop). A missing last row repeats row N - 1.
-    T, K = x.shape
+@njit(parallel=True, cache=True)
+def _quantized_rows(x, blocks, kind, out, n_chunks):  # pragma: no cover - compiled
+    # Fixed chunks of four-row groups (so the result does not depend on the thread count); per
+    # group: ask for the rows _PREFETCH_ROWS ahead, then the group times every token.
     N = blocks.shape[0]
-    n_chunks = scratch.shape[0]
     n_quads = (N + 3) // 4
-    T4 = T - T % 4
-    zero = np.float32(0)
     for c in prange(n_chunks):
-        w0, w1, w2, w3 = scratch[c, 0], scratch[c, 1], scratch[c, 2], scratch[c, 3]
         for quad in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
             n0 = 4 * quad
-            n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
             pf = n0 + _PREFETCH_ROWS
             pf_end = min(pf + 4, N)
             while pf < pf_end:
                 pf = prefetch_next_row(blocks, pf, pf_end, 64)
-            if T < _REGISTER_TOKENS:  # dequantize in registers, once per four tokens (_simd._rows_dot)
-                _register_quad(x, blocks, kind, n0, n1, n2, n3, out)
-                continue
-            _dequant_row(blocks[n0], kind, lut, w0)
-            _dequant_row(blocks[n1], kind, lut, w1)
-            _dequant_row(blocks[n2], kind, lut, w2)
-            _dequant_row(blocks[n3], kind, lut, w3)
-            for t in range(0, T4, 4):
-                x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
-                a00 = a01 = a02 = a03 = zero
-                a10 = a11 = a12 = a13 = zero
-                a20 = a21 = a22 = a23 = zero
-                a30 = a31 = a32 = a33 = zero
-                for k in range(K):
-                    p, q, r, s = x0[k], x1[k], x2[k], x3[k]
-                    u = w0[k]
-                    a00 += p * u
-                    a01 += q * u
-                    a02 += r * u
-                    a03 += s * u
-                    u = w1[k]
-                    a10 += p * u
-                    a11 += q * u
-                    a12 += r * u
-                    a13 += s * u
-                    u = w2[k]
-                    a20 += p * u
-                    a21 += q * u
-                    a22 += r * u
-                    a23 += s * u
-                    u = w3[k]
-                    a30 += p * u
-                    a31 += q * u
-                    a32 += r * u
-                    a33 += s * u
-                out[t, n0], out[t + 1, n0], out[t + 2, n0], out[t + 3, n0] = a00, a01, a02, a03
-                out[t, n1], out[t + 1, n1], out[t + 2, n1], out[t + 3, n1] = a10, a11, a12, a13
-                out[t, n2], out[t + 1, n2], out[t + 2, n2], out[t + 3, n2] = a20, a21, a22, a23
-                out[t, n3], out[t + 1, n3], out[t + 2, n3], out[t + 3, n3] = a30, a31, a32, a33
-            for t in range(T4, T):
-                xt = x[t]
-                a0 = a1 = a2 = a3 = zero
-                for k in range(K):
-                    p = xt[k]
-                    a0 += p * w0[k]
-                    a1 += p * w1[k]
-                    a2 += p * w2[k]
-                    a3 += p * w3[k]
-                out[t, n0], out[t, n1], out[t, n2], out[t, n3] = a0, a1, a2, a3
-
-
-_scratch = threading.local()  # per calling thread: two Python threads never share scratch rows
-
-
-def _scratch_rows(n_chunks: int, K: int) -> np.ndarray:
-    # Kept between calls (a fresh 100-400 KB allocation each call would page-fault every time),
-    # and handed out as a C-contiguous [n_chunks, 4, K] prefix: a strided view would compile the
-    # kernel for strided rows, which LLVM does not vectorize.
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < n_chunks * 4 * K:
-        buf = np.empty(max(_CHUNKS * 4 * K, 0 if buf is None else buf.size), dtype=np.float32)
-        _scratch.buf = buf
-    return buf[: n_chunks * 4 * K].reshape(n_chunks, 4, K)
+            # a missing last row repeats row N - 1 (the same value into the same slot)
+            _register_quad(
+                x, blocks, kind, n0, min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1), out
+            )
 
 
 def quantized_linear(x: np.ndarray, w: QuantizedMatrix, *, max_rows: int = 256) -> np.ndarray:
@@ -322,8 +231,8 @@ def quantized_linear(x: np.ndarray, w: QuantizedMatrix, *, max_rows: int = 256) 
     if T == 0 or N == 0:
         return out
     kind = QUANTIZED_TYPES[w.ggml_type][0]
-    scratch = _scratch_rows(min(_CHUNKS, (N + 3) // 4), K)
+    n_chunks = min(_CHUNKS, (N + 3) // 4)
     step = max(1, int(max_rows))
     for a in range(0, T, step):
-        _quantized_rows(x[a : a + step], w.blocks, kind, _F16, out[a : a + step], scratch)
+        _quantized_rows(x[a : a + step], w.blocks, kind, out[a : a + step], n_chunks)
     return out

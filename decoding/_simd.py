@@ -9,12 +9,17 @@ block's scale varies along the row, which the vectorizer cannot hoist. Here the 
 row's blocks is LLVM IR: one vector load of a block's bytes, widening, conversion and a fused
 multiply-add by its scale per half, then a fused multiply-add into each token's accumulator.
 LLVM lowers the 16-lane vectors to one AVX-512 or two AVX2 registers.
+
+numba caches a compiled kernel by its own source file only: after a change here, delete
+``decoding/__pycache__/quantized.*.nb[ic]`` (or touch ``decoding/quantized.py``), or the kernels of
+:mod:`decoding.quantized` keep the old code.
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from llvmlite.binding import get_host_cpu_features
+from numba import config, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -22,6 +27,17 @@ __all__ = ["ROWS_DOT", "prefetch_l2", "prefetch_next_row"]
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
+
+
+def _has_avx512f() -> bool:
+    """Whether numba compiles for AVX-512 (its own feature setting, else the host's)."""
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features().flatten()
+    return "+avx512f" in features
+
+
+#: Q4_1 blocks dequantize through a 16-entry table held in a register (AVX-512's ``vpermps``)
+#: where the CPU has it; else by converting every nibble to float (see ``_rows_dot_codegen``).
+AVX512_TABLE = _has_avx512f()
 
 
 @intrinsic
@@ -81,10 +97,26 @@ def _vector_call(builder, name, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
 
 
-def _half_to_float(builder, byte_ptr):
-    """The little-endian float16 at ``byte_ptr`` (an i8*) as a float32 (``vcvtph2ps`` on x86)."""
-    h = builder.load(builder.bitcast(byte_ptr, ir.HalfType().as_pointer()), align=1)
-    return builder.fpext(h, _F32)
+def _half_splat(builder, byte_ptr, lanes):
+    """The little-endian float16 at ``byte_ptr`` (an i8*) in every lane of a float32 vector.
+
+    Splat as 16-bit integers, then convert the vector: x86 loads the splat straight from memory
+    (``vpbroadcastw``) and converts it in one ``vcvtph2ps``; converting the scalar first, then
+    broadcasting, costs three shuffles a block, and the shuffle port was the product's bottleneck.
+    """
+    i16 = ir.IntType(16)
+    h = builder.load(builder.bitcast(byte_ptr, i16.as_pointer()), align=1)
+    vec = _splat(builder, h, lanes)
+    return builder.fpext(
+        builder.bitcast(vec, ir.VectorType(ir.HalfType(), lanes)), ir.VectorType(_F32, lanes)
+    )
+
+
+def _permute(builder, table, index):
+    """``table[index & 15]`` lane by lane (AVX-512 ``vpermps``)."""
+    fnty = ir.FunctionType(table.type, [table.type, index.type])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.permvar.sf.512")
+    return builder.call(fn, [table, index])
 
 
 def _horizontal_sum(builder, v):
@@ -127,6 +159,7 @@ def _rows_dot_codegen(kind, n_rows, tokens):
         v16p = vty.as_pointer()
         b16p = ir.VectorType(ir.IntType(8), 16).as_pointer()
         zero = ir.Constant(vty, [0.0] * 16)
+        iota = ir.Constant(vty, [float(i) for i in range(16)])
         accs = [
             [[cgutils.alloca_once_value(builder, zero) for _ in range(halves)] for _ in range(tokens)]
             for _ in range(n_rows)
@@ -142,9 +175,21 @@ def _rows_dot_codegen(kind, n_rows, tokens):
                 xs.append((xlo, xhi))
             for r in range(n_rows):
                 base = builder.gep(rows[r], [builder.mul(b, ir.Constant(intp, block_bytes))])
-                d = _splat(builder, _half_to_float(builder, base), 16)
-                if kind == "q4_1":
-                    m = _splat(builder, _half_to_float(builder, builder.gep(base, [_I32(2)])), 16)
+                d = _half_splat(builder, base, 16)
+                if kind == "q4_1" and AVX512_TABLE:
+                    # the block's 16 possible weights fma(d, q, m), q = 0..15, in one register;
+                    # each nibble picks its weight with a permute (vpermps reads an index's low
+                    # 4 bits, so the low nibble needs no mask): one FMA a block, not two FMAs and
+                    # two conversions, and the same values bit for bit
+                    m = _half_splat(builder, builder.gep(base, [_I32(2)]), 16)
+                    table = _vector_call(builder, "llvm.fma.v16f32", [d, iota, m])
+                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
+                    wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
+                    hi = builder.lshr(wide, ir.Constant(wide.type, [4] * 16))
+                    wlo = _permute(builder, table, wide)
+                    whi = _permute(builder, table, hi)
+                elif kind == "q4_1":
+                    m = _half_splat(builder, builder.gep(base, [_I32(2)]), 16)
                     qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
                     wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
                     qlo = builder.uitofp(builder.and_(wide, ir.Constant(wide.type, [15] * 16)), vty)

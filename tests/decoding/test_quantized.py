@@ -150,3 +150,38 @@ def test_tiny_model_runs_on_the_quantized_path(tiny_quantized):
     scale = np.abs(logits_f).max()
     assert np.abs(logits_q - logits_f).max() <= 1e-5 * scale
     np.testing.assert_array_equal(toks_q, toks_f)
+
+
+AVX2_CHECK = """
+import gguf, numpy as np
+from decoding._simd import AVX512_TABLE
+from decoding.quantized import QuantizedMatrix, quantized_linear
+assert not AVX512_TABLE
+rng = np.random.default_rng(7)
+for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0):
+    w = rng.normal(size=(9, 96)).astype(np.float32)
+    qm = QuantizedMatrix.from_raw(gguf.quants.quantize(w, qtype), qtype, (9, 96))
+    W = qm.dequantize()
+    for T in (1, 3, 13):
+        x = rng.normal(size=(T, 96)).astype(np.float32)
+        err = np.abs(quantized_linear(x, qm) - x.astype(np.float64) @ W.T.astype(np.float64))
+        assert np.all(err <= 96 * 2.0**-23 * (np.abs(x).astype(np.float64) @ np.abs(W).T)), T
+    np.testing.assert_array_equal(quantized_linear(np.eye(96, dtype=np.float32), qm), W.T)
+print("ok")
+"""
+
+
+def test_avx2_kernels_in_a_haswell_process(tmp_path):
+    # The other tests run the AVX-512 table path where the CPU has it; this compiles the kernels
+    # for an AVX2 CPU (numba's own CPU settings, a fresh cache) and checks the conversion path.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path))
+    env["NUMBA_CPU_FEATURES"] = "+64bit,+avx,+avx2,+bmi,+bmi2,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse4.2"
+    out = subprocess.run(
+        [sys.executable, "-c", AVX2_CHECK], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")

@@ -241,7 +241,8 @@ def run(record: bool = False):
     )
     report.notes.append(
         "llama.cpp quantizes activations to 8 bits for its Q4_1/Q8_0 dot products (and keeps its KV cache "
-        "in float16); we dequantize the weights to float32 and compute in float32. The difference is "
+        "in float16); we keep the same Q4_1/Q8_0 blocks, dequantize them exactly to float32 in registers "
+        "and compute in float32. The difference is "
         "already present at the first position (no RoPE, no cache), logits stay correlated > 0.99, and "
         "greedy paths part only where our two best tokens nearly tie (gaps of 0.1-1.5% of the largest "
         "logit, below the 2-5% noise): quantization noise, not a model difference"

@@ -248,11 +248,11 @@ def _rows_dot(kind, n_rows, tokens):
 #: Q8_0. One loop over the row's blocks in LLVM IR whose accumulators (a 16-lane vector per row
 #: and token; two for one token, to halve the chain of dependent adds) stay in registers: each
 #: block of each row is converted and scaled once, in registers, and used for every token;
-#: nothing goes through memory. The shapes: four rows times one, two or four tokens, and two rows
-#: times eight (20 accumulators and weights: AVX-512's 32 registers hold them; AVX2 spills some
-#: to L1).
+#: nothing goes through memory. The shapes: four rows times one to four tokens, two rows times
+#: five to eight (up to 20 accumulators and weights: AVX-512's 32 registers hold them; AVX2 spills
+#: some to L1), so that every token count takes passes of eight and one pass of the rest.
 ROWS_DOT = {
     (kind, rows, tokens): _rows_dot(kind, rows, tokens)
     for kind in ("q4_1", "q8_0")
-    for rows, tokens in ((4, 1), (4, 2), (4, 4), (2, 8))
+    for rows, tokens in ((4, 1), (4, 2), (4, 3), (4, 4), (2, 5), (2, 6), (2, 7), (2, 8))
 }

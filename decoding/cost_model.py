@@ -44,12 +44,14 @@ _log = logging.getLogger("decoding")
 
 #: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
 #: that cost models measured on the old engine are not reused.
-COST_MODEL_VERSION = 7  # 7: keyed on the engine version and the weight format; quick measurement
+COST_MODEL_VERSION = 8  # 8: quantized weights (passes of eight tokens), points at 9 and 17
 
 #: The quick measurement (:meth:`CostModel.measure` with ``quick=True``): what the first speculative
 #: call and every re-measurement run, a few seconds on SmolLM2-135M.
+# The grid has points at 9 and 17: the quantized products take passes of up to eight tokens, so
+# the cost steps up by one pass after 8 and 16 tokens, which interpolating from 8 to 16 would miss.
 QUICK = dict(  # the order measure() unpacks
-    grid=(1, 2, 4, 8, 16, 32, 64), context=32, repeats=3, sequences=8
+    grid=(1, 2, 4, 8, 9, 16, 17, 32, 64), context=32, repeats=3, sequences=8
 )
 
 _announced: set = set()  # cache files whose measurement was announced in this process
@@ -158,7 +160,7 @@ class CostModel:
     # -- measurement ------------------------------------------------------------------------------
     @classmethod
     def measure(
-        cls, model, *, grid=(1, 2, 4, 8, 16, 32, 64, 128), context=128, repeats=7, sequences=16,
+        cls, model, *, grid=(1, 2, 4, 8, 9, 16, 17, 32, 64, 128), context=128, repeats=7, sequences=16,
         quick: bool = False,
     ) -> CostModel:  # fmt: skip
         """Time ``model.forward`` (logits for every token) for each token count in ``grid``.

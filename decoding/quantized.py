@@ -30,12 +30,11 @@ from numba import njit, prange
 
 from ._simd import ROWS_DOT, prefetch_next_row
 
-_Q4_1_4x1, _Q4_1_4x2, _Q4_1_4x4, _Q4_1_2x8 = (
-    ROWS_DOT["q4_1", r, u] for r, u in ((4, 1), (4, 2), (4, 4), (2, 8))
-)
-_Q8_0_4x1, _Q8_0_4x2, _Q8_0_4x4, _Q8_0_2x8 = (
-    ROWS_DOT["q8_0", r, u] for r, u in ((4, 1), (4, 2), (4, 4), (2, 8))
-)
+# numba calls an intrinsic through a global name: one per kind and shape
+_Q4_1_4x1, _Q4_1_4x2, _Q4_1_4x3, _Q4_1_4x4 = (ROWS_DOT["q4_1", 4, u] for u in (1, 2, 3, 4))
+_Q4_1_2x5, _Q4_1_2x6, _Q4_1_2x7, _Q4_1_2x8 = (ROWS_DOT["q4_1", 2, u] for u in (5, 6, 7, 8))
+_Q8_0_4x1, _Q8_0_4x2, _Q8_0_4x3, _Q8_0_4x4 = (ROWS_DOT["q8_0", 4, u] for u in (1, 2, 3, 4))
+_Q8_0_2x5, _Q8_0_2x6, _Q8_0_2x7, _Q8_0_2x8 = (ROWS_DOT["q8_0", 2, u] for u in (5, 6, 7, 8))
 
 __all__ = ["QuantizedMatrix", "QUANTIZED_TYPES", "quantized_linear"]
 
@@ -144,41 +143,83 @@ class QuantizedMatrix:
         return w.astype(np.float32).reshape(b.shape[0], self.shape[1])
 
 
-@njit(fastmath=_FM, cache=True)
+@njit(cache=True)
+def _put(out, t, rows, sums, U):  # pragma: no cover - compiled
+    # sums is row-major: sums[i * U + j] belongs to token t + j and row rows[i]
+    for i in range(len(rows)):
+        for j in range(U):
+            out[t + j, rows[i]] = sums[i * U + j]
+
+
+@njit(cache=True)
+def _four_rows(x, blocks, kind, rows, t, U, out):  # pragma: no cover - compiled
+    # rows (four) times tokens t .. t + U - 1, U in 1..4
+    n0, n1, n2, n3 = rows
+    q4 = kind == 0
+    if U == 1:
+        _put(
+            out,
+            t,
+            rows,
+            _Q4_1_4x1(blocks, n0, n1, n2, n3, x, t) if q4 else _Q8_0_4x1(blocks, n0, n1, n2, n3, x, t),
+            1,
+        )
+    elif U == 2:
+        _put(
+            out,
+            t,
+            rows,
+            _Q4_1_4x2(blocks, n0, n1, n2, n3, x, t) if q4 else _Q8_0_4x2(blocks, n0, n1, n2, n3, x, t),
+            2,
+        )
+    elif U == 3:
+        _put(
+            out,
+            t,
+            rows,
+            _Q4_1_4x3(blocks, n0, n1, n2, n3, x, t) if q4 else _Q8_0_4x3(blocks, n0, n1, n2, n3, x, t),
+            3,
+        )
+    else:
+        _put(
+            out,
+            t,
+            rows,
+            _Q4_1_4x4(blocks, n0, n1, n2, n3, x, t) if q4 else _Q8_0_4x4(blocks, n0, n1, n2, n3, x, t),
+            4,
+        )
+
+
+@njit(cache=True)
+def _two_rows(x, blocks, kind, rows, t, U, out):  # pragma: no cover - compiled
+    # rows (two) times tokens t .. t + U - 1, U in 5..8
+    a, b = rows
+    q4 = kind == 0
+    if U == 5:
+        _put(out, t, rows, _Q4_1_2x5(blocks, a, b, x, t) if q4 else _Q8_0_2x5(blocks, a, b, x, t), 5)
+    elif U == 6:
+        _put(out, t, rows, _Q4_1_2x6(blocks, a, b, x, t) if q4 else _Q8_0_2x6(blocks, a, b, x, t), 6)
+    elif U == 7:
+        _put(out, t, rows, _Q4_1_2x7(blocks, a, b, x, t) if q4 else _Q8_0_2x7(blocks, a, b, x, t), 7)
+    else:
+        _put(out, t, rows, _Q4_1_2x8(blocks, a, b, x, t) if q4 else _Q8_0_2x8(blocks, a, b, x, t), 8)
+
+
+@njit(cache=True)
 def _register_quad(x, blocks, kind, n0, n1, n2, n3, out):  # pragma: no cover - compiled
-    # rows n0..n3 times every row of x: eight tokens at a time (two rows at once), then four,
-    # two and one (four rows at once)
+    # rows n0..n3 times every row of x: passes of eight tokens (two rows at once), then one pass
+    # of the rest (four rows at once up to four tokens, two rows from five), so that the cost
+    # grows with the token count in steps of one pass, not of one pass per power of two
     T = x.shape[0]
     t = 0
-    while t + 8 <= T:
-        for a, b in ((n0, n1), (n2, n3)):
-            r8 = _Q4_1_2x8(blocks, a, b, x, t) if kind == 0 else _Q8_0_2x8(blocks, a, b, x, t)
-            for i in range(8):
-                out[t + i, a], out[t + i, b] = r8[i], r8[8 + i]
-        t += 8
-    if t + 4 <= T:
-        r = _Q4_1_4x4(blocks, n0, n1, n2, n3, x, t) if kind == 0 else _Q8_0_4x4(blocks, n0, n1, n2, n3, x, t)
-        for i in range(4):
-            out[t + i, n0], out[t + i, n1], out[t + i, n2], out[t + i, n3] = (
-                r[i],
-                r[4 + i],
-                r[8 + i],
-                r[12 + i],
-            )
-        t += 4
-    if t + 2 <= T:
-        r2 = _Q4_1_4x2(blocks, n0, n1, n2, n3, x, t) if kind == 0 else _Q8_0_4x2(blocks, n0, n1, n2, n3, x, t)
-        for i in range(2):
-            out[t + i, n0], out[t + i, n1], out[t + i, n2], out[t + i, n3] = (
-                r2[i],
-                r2[2 + i],
-                r2[4 + i],
-                r2[6 + i],
-            )
-        t += 2
-    if t < T:
-        r1 = _Q4_1_4x1(blocks, n0, n1, n2, n3, x, t) if kind == 0 else _Q8_0_4x1(blocks, n0, n1, n2, n3, x, t)
-        out[t, n0], out[t, n1], out[t, n2], out[t, n3] = r1[0], r1[1], r1[2], r1[3]
+    while T - t > 0:
+        U = min(8, T - t)
+        if U > 4:
+            _two_rows(x, blocks, kind, (n0, n1), t, U, out)
+            _two_rows(x, blocks, kind, (n2, n3), t, U, out)
+        else:
+            _four_rows(x, blocks, kind, (n0, n1, n2, n3), t, U, out)
+        t += U
 
 
 @njit(parallel=True, cache=True)

@@ -45,7 +45,7 @@ def test_dequantize_matches_gguf_and_the_float_path(qtype):
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
 @pytest.mark.parametrize(("N", "K"), [(1, 32), (7, 64), (33, 576), (130, 1536)])
-@pytest.mark.parametrize("T", [1, 3, 4, 5, 8, 13])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 6, 7, 8, 13])
 def test_product_within_float32_rounding(qtype, N, K, T):
     rng = np.random.default_rng(N * 1000 + K + T)
     qm, _ = quantized(rng, (N, K), qtype)

@@ -381,6 +381,12 @@ class DraftBudget:
     ----------
     remeasured, rescaled : int
         How often the target's cost model was re-measured, and rescaled.
+    step_overhead : float
+        Seconds a step that verifies drafts costs beyond its forward, over a step that drafts
+        nothing (the loop's bookkeeping of acceptance, the verification, the cache rollback),
+        learnt from live steps (:meth:`observe_step`) and charged to every drafting step by
+        :meth:`allocate`. The cost model times forwards only; where a forward is cheap (a fast
+        engine, a small batch), this fixed cost decides whether drafting pays.
 
     Examples
     --------
@@ -410,6 +416,31 @@ class DraftBudget:
         self.objective = objective
         self.remeasure, self.remeasured, self.rescaled = remeasure, 0, 0
         self.drift = DriftCheck(target_cost)
+        self.step_overhead = 0.0
+        self._outside = {True: None, False: None}  # mean seconds outside the forward, by drafted
+
+    def observe_step(self, drafted: bool, seconds_outside_forward: float) -> None:
+        """A live step's time outside its target forward: updates :attr:`step_overhead`.
+
+        Means are exponential (weight 0.2 to the newest step), one for steps that verified drafts
+        and one for steps that drafted nothing; their difference is the overhead. Before any step
+        without drafts, the whole time of a drafting step outside its forward counts (the budget
+        then drafts less, meets a step without drafts, and learns the difference).
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+        >>> b.observe_step(True, 0.002); b.step_overhead
+        0.002
+        >>> b.observe_step(False, 0.0005); round(b.step_overhead, 6)
+        0.0015
+        """
+        prev = self._outside[bool(drafted)]
+        x = float(seconds_outside_forward)
+        self._outside[bool(drafted)] = x if prev is None else 0.8 * prev + 0.2 * x
+        with_drafts, without = self._outside[True], self._outside[False]
+        if with_drafts is not None:
+            self.step_overhead = max(0.0, with_drafts - (without or 0.0))
 
     def observe(self, tokens: int, seqs: int, seconds: float) -> None:
         """A live target forward: re-measure (or rescale) the target's cost model when they drifted.
@@ -558,6 +589,9 @@ class DraftBudget:
             first = np.array([c(max(f, 1), max(d, 1)) for f, d in zip(fed, drafting, strict=True)])
             first = np.where(N > 0, first + np.maximum(longest - 1, 0) * one, 0.0)
             steady = np.where(N > 0, longest * one, 0.0)
+        # every step that verifies drafts pays the loop's overhead for it (learnt live)
+        first = first + np.where(N > 0, self.step_overhead, 0.0)
+        steady = steady + np.where(N > 0, self.step_overhead, 0.0)
         if remaining is None or self.objective == "rate":
             gain = B + np.concatenate([[0.0], np.cumsum(val)])  # expected tokens, first N candidates
             tokens = B * (1 + longest) if padded else B + N

@@ -678,9 +678,11 @@ def speculative_generate(
                     stats=stats,
                 )
                 results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
+            npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
             if budget is not None:  # live timings against the cost model: re-measured when they drift
                 budget.observe(stats.last_forward[0], len(active), stats.last_forward[1])
-            npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+                outside = time.perf_counter() - t_step - stats.last_forward[1]
+                budget.observe_step(bool(drafts.lengths.any()), outside)
             active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
             step_times.append(time.perf_counter() - t_step)
             while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)

@@ -127,3 +127,21 @@ def test_remeasured_once_per_process_and_file(tiny64, tmp_path, monkeypatch):
     for _ in range(16):
         b.observe(1, 1, 3 * again.cost(1))
     assert b.remeasured == 1 and b.rescaled == 1
+
+
+def test_step_overhead_is_charged_to_drafting_steps():
+    from decoding.cost_model import CostModel, DraftBudget
+
+    # a forward of 4 tokens costs 10 ms, of 8 tokens 12 ms: four draft tokens accepted with
+    # probability 0.9 give 1.9 tokens a sample for 12 ms against 1 for 10 ms, unless every drafting
+    # step also costs the loop 10 ms more (1.9 for 22 ms)
+    budget = DraftBudget(CostModel((1, 4, 8), (0.010, 0.010, 0.012)))
+    alphas, lengths = np.full(4, 0.9), np.full(4, 1)
+    remaining = np.full(4, 32)
+    assert budget.allocate(alphas, lengths, remaining=remaining).sum() == 4
+    for _ in range(20):  # drafting steps spend 11 ms outside the forward, plain steps 1 ms
+        budget.observe_step(True, 0.011)
+        budget.observe_step(False, 0.001)
+    assert budget.step_overhead == pytest.approx(0.010, rel=1e-3)
+    assert budget.allocate(alphas, lengths, remaining=remaining).sum() == 0
+    assert budget.allocate(alphas, lengths).sum() == 0  # the rate objective charges it too

@@ -376,6 +376,12 @@ class DraftBudget:
         by more than 30% (:meth:`observe`, :class:`DriftCheck`); at most once per budget; a
         drift that persists after it, or a re-measurement that returns the curve in use, scales
         the curve by the live median ratio instead. Without it, every drift scales the curve.
+    margin : float, default 0.05
+        Drafting must be predicted faster than the autoregressive step by this fraction, or the
+        step drafts nothing: the cost model's own error on a shared machine is several percent,
+        and a gain inside it is as likely a loss (the autoregressive step is then exactly what
+        autoregressive decoding does, so "never slower than autoregressive" holds where the
+        prediction is uncertain).
 
     Attributes
     ----------
@@ -407,6 +413,7 @@ class DraftBudget:
         prior: float = 0.5,
         objective: str = "makespan",
         remeasure=None,
+        margin: float = 0.05,
     ):
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
@@ -414,6 +421,9 @@ class DraftBudget:
             raise ValueError(f"objective must be 'makespan' or 'rate', got {objective!r}")
         self.target_cost, self.draft_cost, self.prior = target_cost, draft_cost, float(prior)
         self.objective = objective
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {margin}")
+        self.margin = float(margin)
         self.remeasure, self.remeasured, self.rescaled = remeasure, 0, 0
         self.drift = DriftCheck(target_cost)
         self.step_overhead = 0.0
@@ -595,7 +605,10 @@ class DraftBudget:
         if remaining is None or self.objective == "rate":
             gain = B + np.concatenate([[0.0], np.cumsum(val)])  # expected tokens, first N candidates
             tokens = B * (1 + longest) if padded else B + N
-            best = int(np.argmax(gain / (self.target_cost.cost(tokens, B) + first)))
+            rate = gain / (self.target_cost.cost(tokens, B) + first)
+            best = int(np.argmax(rate))
+            if rate[best] < (1 + self.margin) * rate[0]:  # a predicted gain within the model's error
+                best = 0
         else:
             rem = np.maximum(np.asarray(remaining, dtype=float), 1.0)
             total = np.empty(N.size)
@@ -612,6 +625,8 @@ class DraftBudget:
                     self.finish_time(alphas, n, rem, padded=padded, first=first[lo:hi], steady=steady[lo:hi])
                 )
             best = int(np.argmin(total))
+            if total[best] > total[0] / (1 + self.margin):  # a predicted gain within the model's error
+                best = 0
         # ties: the fewest draft tokens (argmax/argmin return the first)
         out = np.zeros(B, dtype=np.int64)
         np.add.at(out, samp[:best], 1)

@@ -540,7 +540,9 @@ def test_budget_allocation_is_optimal_and_never_below_autoregressive(alphas, len
         return gain / cm.cost(B + sum(n), B)
 
     best = max(rate(n) for n in itertools.product(*[range(x + 1) for x in L]))
-    assert rate(got) == pytest.approx(best, rel=1e-12)
+    # the best allocation, unless its predicted gain is within the budget's margin: then none
+    expected = best if best >= (1 + budget.margin) * rate([0] * B) else rate([0] * B)
+    assert rate(got) == pytest.approx(expected, rel=1e-12)
     assert rate(got) >= rate([0] * B) * (1 - 1e-12)  # never below the autoregressive step
 
 
@@ -610,8 +612,9 @@ def test_budget_static_batch_never_slower_than_autoregressive(cost, alphas, fast
     assert mean <= ar + 3 * se
     if faster:
         assert mean < 0.95 * ar
-    elif cost is CPU_COST:
-        rate = [_simulate_static_batch(budget, a, 31, 7, rng, "rate") for _ in range(10)]
+    elif cost is CPU_COST:  # without the margin, which would hide it, the rate objective loses
+        greedy = DraftBudget(cost, margin=0.0)
+        rate = [_simulate_static_batch(greedy, a, 31, 7, rng, "rate") for _ in range(10)]
         assert np.mean(rate) > 1.03 * ar  # the rate objective loses here; the test would see it
 
 

@@ -376,6 +376,9 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
     """Ask the drafter for each active sample's drafts and cut them to the room and the budget."""
     room = np.minimum(max_draft, left - 1)
     alphas = None
+    if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
+        none = [np.zeros(0, dtype=np.int64) for _ in active]
+        return _Drafts(none, none)
     if budget is not None:
         # pooled over every sample of the call, finished ones included: the prior of a sample with
         # little history (a newcomer under continuous batching) is the task's rate so far
@@ -386,11 +389,14 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
                 alphas, room, padded=padded, include_draft_cost=True, setup=setup, remaining=horizon
             )
             room = np.minimum(room, plan)
+            if not plan.any():
+                budget.record_decision(False)
     proposal = drafter.propose(contexts, room, active)
     proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
     drafts = _Drafts(proposed, proposed, proposal.probs)
     if budget is not None and drafts.lengths.sum():
         keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon)
+        budget.record_decision(bool(keep.any()))
         stats.trimmed += int((drafts.lengths - keep).sum())
         drafts = _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed, proposal.probs)
     return drafts

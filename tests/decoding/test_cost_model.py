@@ -145,3 +145,18 @@ def test_step_overhead_is_charged_to_drafting_steps():
     assert budget.step_overhead == pytest.approx(0.010, rel=1e-3)
     assert budget.allocate(alphas, lengths, remaining=remaining).sum() == 0
     assert budget.allocate(alphas, lengths).sum() == 0  # the rate objective charges it too
+
+
+def test_quiet_budget_backs_off_and_one_draft_resets_it():
+    budget = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+    assert budget.should_propose()
+    asked = []
+    for _ in range(40):  # the budget keeps cutting every draft: asked at steps 0, 2, 5, 10, 19, ...
+        go = budget.should_propose()
+        asked.append(go)
+        if go:
+            budget.record_decision(False)
+    gaps = np.diff(np.flatnonzero(asked))
+    assert gaps.tolist()[:4] == [2, 3, 5, 9] and gaps.max() <= 17  # skips 1, 2, 4, 8, ... 16 at most
+    budget.record_decision(True)
+    assert budget.should_propose() and budget.should_propose()  # drafting again: asked every step

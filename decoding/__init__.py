@@ -16,6 +16,7 @@ from .drafters import Drafter, DraftModelDrafter, LLMADrafter, PromptLookupDraft
 from .kv_cache import KVCache
 from .loading import LoadedModel, load_model
 from .model import Model, PackedBatch
+from .quantized import QuantizedMatrix
 from .results import GenerationResult
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -27,6 +28,7 @@ __all__ = [
     "GenerationResult",
     "Model",
     "PackedBatch",
+    "QuantizedMatrix",
     "KVCache",
     "LlamaConfig",
     "SamplingParams",

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._xp import namespace
 from .kernels import _MASKED as _NEG
-from .kernels import varlen_attention
+from .kernels import varlen_attention_args, varlen_attention_run
 
 __all__ = ["AttentionPlan", "attend", "packed_attention"]
 
@@ -59,6 +59,8 @@ class AttentionPlan:
     #: NumPy caches: ``(start, length, seq, key_valid)`` per packed token, for the one-call kernel
     #: :func:`decoding.kernels.varlen_attention` (which then replaces both paths above)
     tokens: tuple | None = None
+    #: the kernel's arguments that do not change between layers, built by the first layer
+    kernel_args: tuple | None = None
 
     @classmethod
     def build(cls, cache, seq_ids, cu_seqlens, old_lengths, key_valid=None, *, grouped=True, dtype=None):
@@ -128,8 +130,14 @@ def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
     [1.0, 0.0]
     """
     if plan.tokens is not None:
-        start, length, seq, key_valid = plan.tokens
-        return varlen_attention(q, cache.k[layer], cache.v[layer], start, length, seq, key_valid)
+        q = np.ascontiguousarray(q)
+        k = cache.k[layer]
+        if plan.kernel_args is None or plan.kernel_args[:4] != (*q.shape, np.result_type(q, k)):
+            start, length, seq, key_valid = plan.tokens
+            plan.kernel_args = varlen_attention_args(
+                q.shape, k.shape[0], np.result_type(q, k), start, length, seq, key_valid
+            )  # once a forward: every layer attends over the same runs of keys
+        return varlen_attention_run(q, k, cache.v[layer], plan.kernel_args)
     T, H, D = q.shape
     Hkv = cache.n_kv_heads
     G = H // Hkv

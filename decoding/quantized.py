@@ -274,6 +274,9 @@ def quantized_linear(x: np.ndarray, w: QuantizedMatrix, *, max_rows: int = 256) 
     kind = QUANTIZED_TYPES[w.ggml_type][0]
     n_chunks = min(_CHUNKS, (N + 3) // 4)
     step = max(1, int(max_rows))
+    if T <= step:  # a decode step: no slices (this wrapper runs 121 times a step)
+        _quantized_rows(x, w.blocks, kind, out, n_chunks)
+        return out
     for a in range(0, T, step):
         _quantized_rows(x[a : a + step], w.blocks, kind, out[a : a + step], n_chunks)
     return out

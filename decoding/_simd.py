@@ -97,6 +97,21 @@ def _vector_call(builder, name, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
 
 
+def _half_splat(builder, byte_ptr, lanes):
+    """The little-endian float16 at ``byte_ptr`` (an i8*) in every lane of a float32 vector.
+
+    Splat as 16-bit integers, then convert the vector: x86 loads the splat straight from memory
+    (``vpbroadcastw``) and converts it in one ``vcvtph2ps``; converting the scalar first, then
+    broadcasting, costs three shuffles a block, and the shuffle port was the product's bottleneck.
+    """
+    i16 = ir.IntType(16)
+    h = builder.load(builder.bitcast(byte_ptr, i16.as_pointer()), align=1)
+    vec = _splat(builder, h, lanes)
+    return builder.fpext(
+        builder.bitcast(vec, ir.VectorType(ir.HalfType(), lanes)), ir.VectorType(_F32, lanes)
+    )
+
+
 def _permute(builder, table, index):
     """``table[index & 15]`` lane by lane (AVX-512 ``vpermps``)."""
     fnty = ir.FunctionType(table.type, [table.type, index.type])
@@ -117,7 +132,7 @@ def _horizontal_sum(builder, v):
 
 def _rows_dot_codegen(kind, n_rows, tokens):
     """LLVM IR of ``n_rows`` rows of blocks times ``tokens`` float32 rows of ``x`` (see :data:`ROWS_DOT`)."""
-    n_scales, code_bytes = (2, 16) if kind == "q4_1" else (1, 32)  # per block (decoding.quantized)
+    block_bytes = 20 if kind == "q4_1" else 34
     halves = 2 if tokens == 1 else 1  # one token: two accumulators a row halve the chain of adds
 
     def codegen(context, builder, signature, args):
@@ -150,9 +165,6 @@ def _rows_dot_codegen(kind, n_rows, tokens):
             for _ in range(n_rows)
         ]
         count = builder.udiv(builder.extract_value(xa.shape, 1), ir.Constant(intp, 32))
-        f32p = _F32.as_pointer()
-        scale_rows = [builder.bitcast(r, f32p) for r in rows]  # a row's float32 scales come first,
-        code_rows = [builder.gep(r, [builder.mul(count, ir.Constant(intp, 4 * n_scales))]) for r in rows]
         with cgutils.for_range(builder, count) as loop:
             b = loop.index
             xs = []
@@ -162,31 +174,30 @@ def _rows_dot_codegen(kind, n_rows, tokens):
                 xhi = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(intp, 16)]), v16p), align=4)
                 xs.append((xlo, xhi))
             for r in range(n_rows):
-                sc = builder.gep(scale_rows[r], [builder.mul(b, ir.Constant(intp, n_scales))])
-                codes = builder.gep(code_rows[r], [builder.mul(b, ir.Constant(intp, code_bytes))])
-                d = _splat(builder, builder.load(sc, align=4), 16)  # a broadcast load, no shuffle
+                base = builder.gep(rows[r], [builder.mul(b, ir.Constant(intp, block_bytes))])
+                d = _half_splat(builder, base, 16)
                 if kind == "q4_1" and AVX512_TABLE:
                     # the block's 16 possible weights fma(d, q, m), q = 0..15, in one register;
                     # each nibble picks its weight with a permute (vpermps reads an index's low
                     # 4 bits, so the low nibble needs no mask): one FMA a block, not two FMAs and
                     # two conversions, and the same values bit for bit
-                    m = _splat(builder, builder.load(builder.gep(sc, [_I32(1)]), align=4), 16)
+                    m = _half_splat(builder, builder.gep(base, [_I32(2)]), 16)
                     table = _vector_call(builder, "llvm.fma.v16f32", [d, iota, m])
-                    qp = builder.bitcast(codes, b16p)
+                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
                     wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
                     hi = builder.lshr(wide, ir.Constant(wide.type, [4] * 16))
                     wlo = _permute(builder, table, wide)
                     whi = _permute(builder, table, hi)
                 elif kind == "q4_1":
-                    m = _splat(builder, builder.load(builder.gep(sc, [_I32(1)]), align=4), 16)
-                    qp = builder.bitcast(codes, b16p)
+                    m = _half_splat(builder, builder.gep(base, [_I32(2)]), 16)
+                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
                     wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
                     qlo = builder.uitofp(builder.and_(wide, ir.Constant(wide.type, [15] * 16)), vty)
                     qhi = builder.uitofp(builder.lshr(wide, ir.Constant(wide.type, [4] * 16)), vty)
                     wlo = _vector_call(builder, "llvm.fma.v16f32", [d, qlo, m])
                     whi = _vector_call(builder, "llvm.fma.v16f32", [d, qhi, m])
                 else:
-                    qp = builder.bitcast(codes, b16p)
+                    qp = builder.bitcast(builder.gep(base, [_I32(2)]), b16p)
                     q0 = builder.sitofp(builder.load(qp, align=1), vty)
                     q1 = builder.sitofp(builder.load(builder.gep(qp, [_I32(1)]), align=1), vty)
                     wlo, whi = builder.fmul(d, q0), builder.fmul(d, q1)

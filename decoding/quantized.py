@@ -1,8 +1,7 @@
 """Weights kept as the GGUF file stores them (Q4_1 and Q8_0 blocks) and their products with activations.
 
 A decode step reads every weight once, so its time is set by the bytes it reads: 538 MB a token
-for SmolLM2-135M dequantized to float32, 112 MB as the file's Q4_1 layers and Q8_0 embedding
-(with their scales in float32).
+for SmolLM2-135M dequantized to float32, 97 MB as the file's Q4_1 layers and Q8_0 embedding.
 :class:`QuantizedMatrix` holds a matrix as those blocks (one row of blocks per output row), and
 :func:`quantized_linear` multiplies float32 activations by it. Each thread takes fixed chunks of
 four-row groups; for each group an LLVM loop over the blocks (:data:`decoding._simd.ROWS_DOT`)
@@ -40,11 +39,10 @@ _Q8_0_2x5, _Q8_0_2x6, _Q8_0_2x7, _Q8_0_2x8 = (ROWS_DOT["q8_0", 2, u] for u in (5
 __all__ = ["QuantizedMatrix", "QUANTIZED_TYPES", "quantized_linear"]
 
 _Q4_1, _Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
-#: The block types kept quantized in memory: type -> (kernel code, bytes per 32-weight block in
-#: the file, float32 scales per block in memory, bytes of codes per block in memory).
-QUANTIZED_TYPES = {_Q4_1: (0, 20, 2, 16), _Q8_0: (1, 34, 1, 32)}
+#: The block types kept quantized in memory: type -> (kernel code, bytes per 32-weight block).
+QUANTIZED_TYPES = {_Q4_1: (0, 20), _Q8_0: (1, 34)}
 _BLOCK = 32
-#: float16 bit pattern -> float32 value (256 KB): the blocks' scales, exactly.
+#: float16 bit pattern -> float32 value (256 KB): the blocks' scales, exactly, with no float16 in numba.
 _F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 # Reassociation (for SIMD sums) and FMA contraction only, as in decoding.kernels.
 _FM = {"reassoc", "contract"}
@@ -57,14 +55,10 @@ _PREFETCH_ROWS = 16
 
 @dataclass(frozen=True, eq=False)
 class QuantizedMatrix:
-    """A ``[N, K]`` weight matrix held as GGUF blocks, one row of ``blocks`` (uint8) per output row.
+    """A ``[N, K]`` weight matrix held as GGUF blocks: ``blocks`` is uint8 ``[N, K / 32 * block_bytes]``.
 
-    A row holds its ``K / 32`` blocks' scales as float32 (``d, m`` for Q4_1, ``d`` for Q8_0), then
-    their codes (16 bytes of nibbles, or 32 int8): 24 and 36 bytes a block against the file's 20
-    and 34. The file's float16 scales are converted once, here: in the kernels their conversion
-    took a quarter of a one-token product (two ``vcvtph2ps`` per block and row, on the same
-    shuffle port as the permutes). Build it with :meth:`from_raw` (the bytes of a GGUF tensor) or
-    :meth:`concatenate` (fused matrices). ``dtype`` is the dtype of the products, float32.
+    Build it with :meth:`from_raw` (the bytes of a GGUF tensor) or :meth:`concatenate` (fused
+    matrices). ``dtype`` is the dtype of the products, float32.
 
     Examples
     --------
@@ -73,7 +67,7 @@ class QuantizedMatrix:
     >>> raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
     >>> qm = QuantizedMatrix.from_raw(raw, gguf.GGMLQuantizationType.Q8_0, (2, 32))
     >>> qm.shape, qm.nbytes, float(np.abs(qm.dequantize() - w).max()) < 0.01
-    ((2, 32), 72, True)
+    ((2, 32), 68, True)
     """
 
     blocks: np.ndarray
@@ -84,7 +78,7 @@ class QuantizedMatrix:
 
     @classmethod
     def from_raw(cls, raw, ggml_type, shape) -> QuantizedMatrix:
-        """Repack the bytes ``raw`` of a Q4_1 or Q8_0 tensor of NumPy shape ``shape`` ``(N, K)``.
+        """Copy the bytes ``raw`` of a Q4_1 or Q8_0 tensor of NumPy shape ``shape`` ``(N, K)``.
 
         ``ValueError`` for another type, a ``K`` that is not a multiple of 32, a byte count that
         does not match, or a scale that is not finite (a corrupt file).
@@ -97,21 +91,16 @@ class QuantizedMatrix:
         if len(shape) != 2 or shape[1] % _BLOCK:
             raise ValueError(f"shape must be (N, K) with K a multiple of {_BLOCK}, got {tuple(shape)}")
         N, K = (int(s) for s in shape)
-        _, file_bytes, n_scales, code_bytes = QUANTIZED_TYPES[ggml_type]
-        nb = K // _BLOCK
+        row_bytes = K // _BLOCK * QUANTIZED_TYPES[ggml_type][1]
         raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
-        if raw.size != N * nb * file_bytes:
+        if raw.size != N * row_bytes:
             raise ValueError(
-                f"{ggml_type.name} data of shape {(N, K)} needs {N * nb * file_bytes} bytes, got {raw.size}"
+                f"{ggml_type.name} data of shape {(N, K)} needs {N * row_bytes} bytes, got {raw.size}"
             )
-        file_blocks = raw.reshape(N, nb, file_bytes)
-        scales = _F16[file_blocks[..., : 2 * n_scales].copy().view("<u2")]  # [N, nb, n_scales] float32
-        if not np.isfinite(scales).all():
+        qm = cls(np.array(raw.reshape(N, row_bytes)), ggml_type, (N, K))
+        if not np.isfinite(qm._scales()).all():
             raise ValueError(f"{ggml_type.name} data has non-finite block scales (corrupt data?)")
-        rows = np.empty((N, nb * (4 * n_scales + code_bytes)), dtype=np.uint8)
-        rows[:, : 4 * n_scales * nb] = scales.reshape(N, -1).view(np.uint8)
-        rows[:, 4 * n_scales * nb :] = file_blocks[..., 2 * n_scales :].reshape(N, -1)
-        return cls(rows, ggml_type, (N, K))
+        return qm
 
     @classmethod
     def concatenate(cls, parts) -> QuantizedMatrix:
@@ -128,25 +117,29 @@ class QuantizedMatrix:
         """Bytes held (and read by one product)."""
         return self.blocks.nbytes
 
+    def _block_view(self, rows=slice(None)):
+        return self.blocks[rows].reshape(-1, self.shape[1] // _BLOCK, QUANTIZED_TYPES[self.ggml_type][1])
+
+    def _scales(self):
+        b = self._block_view()
+        n = 2 if self.ggml_type == _Q4_1 else 1  # d (and m)
+        return _F16[b[..., : 2 * n].copy().view("<u2")]
+
     def dequantize(self, rows=None) -> np.ndarray:
         """The weights as float32, ``[N, K]`` (or ``[len(rows), K]``): the reference for the kernels.
 
         Computed in float64 and rounded once, as the kernels' fused multiply-add does, so the two
         agree bit for bit.
         """
-        b = self.blocks[slice(None) if rows is None else np.asarray(rows, dtype=np.int64)]
-        _, _, n_scales, code_bytes = QUANTIZED_TYPES[self.ggml_type]
-        nb = self.shape[1] // _BLOCK
-        split = 4 * n_scales * nb
-        scales = np.ascontiguousarray(b[:, :split]).view(np.float32).reshape(-1, nb, n_scales)
-        codes = b[:, split:].reshape(-1, nb, code_bytes)
-        d = scales[..., 0:1].astype(np.float64)  # [R, nb, 1]
+        b = self._block_view(slice(None) if rows is None else np.asarray(rows, dtype=np.int64))
+        d = _F16[b[..., 0:2].copy().view("<u2")].astype(np.float64)  # [R, nb, 1]
         if self.ggml_type == _Q4_1:
-            m = scales[..., 1:2].astype(np.float64)
-            q = np.concatenate([codes & 0x0F, codes >> 4], axis=-1).astype(np.float64)  # [R, nb, 32]
+            m = _F16[b[..., 2:4].copy().view("<u2")].astype(np.float64)
+            qs = b[..., 4:]
+            q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float64)  # [R, nb, 32]
             w = q * d + m
         else:
-            w = codes.view(np.int8).astype(np.float64) * d
+            w = b[..., 2:].view(np.int8).astype(np.float64) * d
         return w.astype(np.float32).reshape(b.shape[0], self.shape[1])
 
 

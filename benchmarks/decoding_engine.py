@@ -182,7 +182,7 @@ def run(quick: bool = False) -> Report:
     n_steps = 4 if quick else 8
     ctx = 64  # prompt tokens per sequence before the timed decode steps
 
-    def row(engine, case, rate, per_step_tokens=1):
+    def row(engine, case, rate):
         wall, cpu, step = rate
         return {
             "engine": engine,

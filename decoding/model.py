@@ -187,6 +187,25 @@ def _fuse(parts):
     return np.concatenate([p.dequantize() if isinstance(p, QuantizedMatrix) else p for p in parts], axis=0)
 
 
+def weight_dtype(dtype) -> tuple[bool, np.dtype]:
+    """``(quantized, compute dtype)`` of a ``dtype`` argument of :meth:`Model.from_gguf`.
+
+    Examples
+    --------
+    >>> weight_dtype("quantized")
+    (True, dtype('float32'))
+    >>> weight_dtype("q4")
+    Traceback (most recent call last):
+    ...
+    ValueError: dtype must be 'quantized', numpy.float32 or numpy.float64, got 'q4'
+    """
+    if isinstance(dtype, str) and dtype == "quantized":
+        return True, np.dtype(np.float32)
+    if isinstance(dtype, str) or np.dtype(dtype) not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be 'quantized', numpy.float32 or numpy.float64, got {dtype!r}")
+    return False, np.dtype(dtype)
+
+
 def _prefetch_default() -> bool:
     """``DECODING_PREFETCH=1`` turns the prefetch thread on (off by default: on this project's
     shared 2-core machine its benefit could not be measured reliably; the benchmark reports both)."""
@@ -236,10 +255,7 @@ class Model:
         Checks every tensor's presence and shape against the metadata; ``ValueError`` otherwise.
         Memory: one copy of every weight as held (the file itself is only mapped).
         """
-        quantized = isinstance(dtype, str) and dtype == "quantized"
-        if not quantized and (isinstance(dtype, str) or np.dtype(dtype) not in (np.float32, np.float64)):
-            raise ValueError(f"dtype must be 'quantized', numpy.float32 or numpy.float64, got {dtype!r}")
-        dtype = np.float32 if quantized else np.dtype(dtype)
+        quantized, dtype = weight_dtype(dtype)
         f = source if isinstance(source, GGUFFile) else read_gguf(source)
         cfg = LlamaConfig.from_metadata(f.metadata)
         d, H, Hkv, D, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size

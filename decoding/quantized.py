@@ -29,6 +29,7 @@ from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from ._simd import ROWS_DOT, prefetch_next_row
+from .gguf_reader import dequantize as dequantize_blocks
 
 # numba calls an intrinsic through a global name: one per kind and shape
 _Q4_1_4x1, _Q4_1_4x2, _Q4_1_4x3, _Q4_1_4x4 = (ROWS_DOT["q4_1", 4, u] for u in (1, 2, 3, 4))
@@ -44,8 +45,6 @@ QUANTIZED_TYPES = {_Q4_1: (0, 20), _Q8_0: (1, 34)}
 _BLOCK = 32
 #: float16 bit pattern -> float32 value (256 KB): the blocks' scales, exactly, with no float16 in numba.
 _F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-# Reassociation (for SIMD sums) and FMA contraction only, as in decoding.kernels.
-_FM = {"reassoc", "contract"}
 #: Row chunks per call: more chunks than threads, so that a thread held up by another process
 #: does not leave half the matrix to one core.
 _CHUNKS = 16
@@ -117,30 +116,20 @@ class QuantizedMatrix:
         """Bytes held (and read by one product)."""
         return self.blocks.nbytes
 
-    def _block_view(self, rows=slice(None)):
-        return self.blocks[rows].reshape(-1, self.shape[1] // _BLOCK, QUANTIZED_TYPES[self.ggml_type][1])
-
     def _scales(self):
-        b = self._block_view()
+        b = self.blocks.reshape(-1, self.shape[1] // _BLOCK, QUANTIZED_TYPES[self.ggml_type][1])
         n = 2 if self.ggml_type == _Q4_1 else 1  # d (and m)
         return _F16[b[..., : 2 * n].copy().view("<u2")]
 
     def dequantize(self, rows=None) -> np.ndarray:
         """The weights as float32, ``[N, K]`` (or ``[len(rows), K]``): the reference for the kernels.
 
-        Computed in float64 and rounded once, as the kernels' fused multiply-add does, so the two
-        agree bit for bit.
+        The GGUF reader's dequantization of these blocks (:func:`decoding.gguf_reader.dequantize`,
+        which the float32 engine uses too): Q4_1 computed in float64 and rounded once, as the
+        kernels' fused multiply-add does, so the two agree bit for bit.
         """
-        b = self._block_view(slice(None) if rows is None else np.asarray(rows, dtype=np.int64))
-        d = _F16[b[..., 0:2].copy().view("<u2")].astype(np.float64)  # [R, nb, 1]
-        if self.ggml_type == _Q4_1:
-            m = _F16[b[..., 2:4].copy().view("<u2")].astype(np.float64)
-            qs = b[..., 4:]
-            q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float64)  # [R, nb, 32]
-            w = q * d + m
-        else:
-            w = b[..., 2:].view(np.int8).astype(np.float64) * d
-        return w.astype(np.float32).reshape(b.shape[0], self.shape[1])
+        blocks = self.blocks if rows is None else self.blocks[np.asarray(rows, dtype=np.int64)]
+        return dequantize_blocks(blocks, self.ggml_type, (blocks.shape[0], self.shape[1]), dtype=np.float32)
 
 
 @njit(cache=True)
@@ -246,9 +235,9 @@ def quantized_linear(x: np.ndarray, w: QuantizedMatrix, *, max_rows: int = 256) 
 
     Every weight is read once per ``max_rows`` activation rows (longer inputs go in blocks of
     that many, whose activations stay in L2). The result is float32 ``[T, N]``. It does not
-    depend on the thread count (the row chunks are fixed); a row's last bits do depend on its
-    place in a group of four rows (the kernel sums four rows at a time, and a remainder row
-    alone, in different orders), as with :func:`decoding.kernels.rows_times_weights`.
+    depend on the thread count (the row chunks are fixed). Tokens go in passes of up to eight,
+    each token's sums in the same order, except a token that makes a pass alone (one token, or a
+    remainder of one): it sums in two accumulators, so its last bits can differ.
 
     Examples
     --------

@@ -24,7 +24,7 @@ import scipy.linalg
 from scipy.sparse.linalg import LinearOperator
 
 from rsketch._validation import check_int, check_real, check_seed, seed_sequence
-from rsketch.linalg._lowrank import NystromResult, _check_matrix, nystrom
+from rsketch.linalg._lowrank import NystromResult, _check_matrix, _orth, nystrom
 from rsketch.linalg._results import ConvergenceWarning
 from rsketch.operators import make_sketch
 
@@ -206,45 +206,57 @@ def nystrom_pcg(
 def _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, threshold, start=50):
     """Nyström approximation whose sketch doubles until ``lambda_l <= threshold`` or ``max_rank``.
 
-    Each round keeps the columns it has (``Omega`` and ``Y = A Omega``) and adds as many new ones,
-    orthogonalised against them, so ``A`` is applied to ``l`` columns in all (not ``2 l``); between
-    rounds only ``lambda_l`` is needed, from the ``l x l`` eigenproblem of ``B.T B``, and the
-    ``n x l`` SVD of :func:`nystrom` is taken once, at the end. Returns ``(NystromResult, columns)``.
+    Each round keeps the columns it has (``Omega`` and ``Y = A Omega``, filled from the left in
+    buffers of ``max_rank`` columns) and adds as many new ones, orthogonalised against them, so
+    ``A`` is applied to ``l`` columns in all (not ``2 l``). Between rounds only ``lambda_l`` is
+    needed: the eigenvalues of ``B.T B = C^-T (Y_nu.T Y_nu) C^-1`` from ``l x l`` matrices, with
+    ``Y_nu.T Y_nu = Y.T Y + 2 nu sym(Omega.T Y) + nu^2 I``. The ``n x l`` factor ``B`` and its SVD
+    are computed once, at the end. Returns ``(NystromResult, columns)``.
     """
-    Omega, Y = np.zeros((n, 0), dtype), np.zeros((n, 0), dtype)
-    width = min(start, max_rank)
+    Omega = np.empty((n, max_rank), dtype, order="F")
+    Y = np.empty((n, max_rank), dtype, order="F")
+    l, width = 0, min(start, max_rank)
     for child in seeds.spawn(64):
-        G = np.asarray(make_sketch(sketch, n, width - Omega.shape[1], seed=child, dtype=dtype).to_dense().T)
+        G = np.array(make_sketch(sketch, n, width - l, seed=child, dtype=dtype).to_dense().T, order="F")
         for _ in range(2):  # against the columns so far, twice (Giraud et al. 2005)
-            G = G - Omega @ (Omega.T @ G)
-        G = np.linalg.qr(G)[0].astype(dtype, copy=False)
-        Omega, Y = np.hstack([Omega, G]), np.hstack([Y, np.asarray(A @ G)])
-        B, nu = _stable_factor(Omega, Y)
-        sigma2 = scipy.linalg.eigvalsh(B.T @ B, check_finite=False)
-        if sigma2[0] - nu <= threshold or width >= max_rank:
+            G -= Omega[:, :l] @ (Omega[:, :l].T @ G)
+        Omega[:, l:width] = _orth(G)
+        Y[:, l:width] = np.asarray(A @ Omega[:, l:width])
+        l = width
+        C, nu = _stable_core(Omega[:, :l], Y[:, :l])
+        if width >= max_rank:
+            break
+        gram = Y[:, :l].T @ Y[:, :l]
+        cross = Omega[:, :l].T @ Y[:, :l]
+        gram += nu * (cross + cross.T) + nu**2 * np.eye(l, dtype=dtype)  # Y_nu.T Y_nu
+        half = scipy.linalg.solve_triangular(C, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
+        sigma2 = scipy.linalg.eigvalsh(scipy.linalg.solve_triangular(C, half.T, trans="T", check_finite=False))
+        if sigma2[0] - nu <= threshold:
             break
         width = min(2 * width, max_rank)
-    U, sigma, _ = scipy.linalg.svd(B, full_matrices=False, check_finite=False)
+    Y_nu = Y[:, :l] + nu * Omega[:, :l]
+    B = scipy.linalg.solve_triangular(C, Y_nu.T, trans="T", lower=False, check_finite=False).T
+    U, sigma, _ = np.linalg.svd(B, full_matrices=False)
     lam = np.maximum(sigma**2 - nu, 0.0).astype(dtype, copy=False)
-    return NystromResult(U, lam, nu), Omega.shape[1]
+    return NystromResult(U, lam, nu), l
 
 
-def _stable_factor(Omega, Y):
-    """Tropp et al. (2017)'s shifted factor ``B = Y_nu C^-1`` (``A_nys + nu I = B B.T`` on range(Omega))
-    and the shift ``nu = sqrt(n) eps ||Y||_F`` (Frobenius: an upper bound of the spectral norm, no SVD)."""
+def _stable_core(Omega, Y):
+    """Tropp et al. (2017)'s shift ``nu = sqrt(n) eps ||Y||_F`` (Frobenius: an upper bound of the
+    spectral norm, no SVD) and the Cholesky factor ``C`` of ``Omega.T (Y + nu Omega)``, upper:
+    ``B = Y_nu C^-1`` has ``A_nys + nu I = B B.T`` on range(Omega)."""
     n = Omega.shape[0]
     nu = math.sqrt(n) * np.finfo(Y.dtype).eps * float(np.linalg.norm(Y))
-    Y_nu = Y + nu * Omega
-    core = Omega.T @ Y_nu
+    core = Omega.T @ Y
+    core = (core + core.T) / 2 + nu * np.eye(core.shape[0], dtype=core.dtype)
     try:
-        C = scipy.linalg.cholesky((core + core.T) / 2, lower=False, check_finite=False)
+        return np.linalg.cholesky(core).T, nu
     except np.linalg.LinAlgError:
         w = scipy.linalg.eigvalsh(Omega.T @ Y, check_finite=False)
         raise ValueError(
             f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} "
             f"(largest {w[-1]:.3g}); nystrom_pcg needs a PSD matrix"
         ) from None
-    return scipy.linalg.solve_triangular(C, Y_nu.T, trans="T", lower=False, check_finite=False).T, nu
 
 
 def _pcg(A, mu, b, P_inv, tol, max_iter, callback):

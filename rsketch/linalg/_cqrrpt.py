@@ -88,6 +88,11 @@ class InterpolativeResult:
         return P[:, np.argsort(self.idx)]
 
 
+# cond(R_pre) = cond(A_pre): within (1 + eps_S) / (1 - eps_S) of one where S embeds range(A_k).
+# Up to this bound Q's triangular product uses the explicit inverse (an error of u cond(R_pre)).
+PRECONDITIONED_MAX_COND = 10.0
+
+
 def _check_tall(A):
     if is_dask_array(A):
         A, _ = dask_lowrank.check_tall_dask(A)
@@ -192,7 +197,7 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     # triangular solves run in place as R^-T (A_k).T. np.take, not fancy indexing: for a C-ordered
     # 1,000,000 x 100 A, A[:, perm] took 2.6 s against np.take's 0.15 s.
     Qt = np.take(A, perm[:rank], axis=1).T
-    trsm, syrk = scipy.linalg.blas.get_blas_funcs(("trsm", "syrk"), (Qt,))
+    trsm, syrk, trmm = scipy.linalg.blas.get_blas_funcs(("trsm", "syrk", "trmm"), (Qt,))
     R1 = np.asfortranarray(R_sk[:rank, :rank])
     Qt = trsm(1.0, R1, Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
     G = syrk(1.0, Qt, trans=0, lower=0)
@@ -205,7 +210,14 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
             "the sketch did not precondition A (Cholesky of the preconditioned Gram failed); use a "
             "larger sketch_size or a Gaussian sketch"
         ) from None
-    Qt = trsm(1.0, R_pre, Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
+    if np.linalg.cond(R_pre) <= PRECONDITIONED_MAX_COND:
+        # A_pre is well conditioned (the sketch embeds its range), so Q = A_pre R_pre^-1 through the
+        # explicit inverse is as accurate as the triangular solve, and trmm took half trsm's
+        # time (1,000,000 x 100: 0.19 s against 0.37 s). R_sk's solve above stays a solve.
+        R_inv = scipy.linalg.solve_triangular(R_pre, np.eye(rank, dtype=R_pre.dtype), check_finite=False)
+        Qt = trmm(1.0, np.asfortranarray(R_inv), Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
+    else:
+        Qt = trsm(1.0, R_pre, Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
     R = R_pre @ R_sk[:rank, :]
     return QRPivotedResult(Qt.T, R, perm, rank)
 

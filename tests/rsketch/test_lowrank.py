@@ -199,6 +199,22 @@ def test_cqrrpt_is_a_stable_rank_revealing_qr_with_householders_r():
     assert 1 / 50 <= ratio.min() and ratio.max() <= 50
 
 
+@pytest.mark.parametrize("max_cond", [0.0, np.inf])
+def test_cqrrpt_q_is_as_accurate_through_the_inverse_as_through_the_solve(monkeypatch, max_cond):
+    # Q = A_pre R_pre^-1 goes through the explicit inverse while cond(R_pre) is small, else through
+    # trsm; both branches, with a sketch of n rows (a poor embedding: cond(R_pre) well above one)
+    from rsketch.linalg import _cqrrpt
+
+    monkeypatch.setattr(_cqrrpt, "PRECONDITIONED_MAX_COND", max_cond)
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((5000, 50)) * np.logspace(0, -8, 50)
+    for size in (50, 100):
+        res = qr_pivoted(A, sketch="countsketch", sketch_size=size, seed=0)
+        assert res.rank == 50
+        assert np.linalg.norm(A[:, res.perm] - res.Q @ res.R) <= 10 * 2.2e-16 * np.linalg.norm(A)
+        assert np.linalg.norm(res.Q.T @ res.Q - np.eye(50), 2) <= 1e-12
+
+
 def test_cqrrpt_detects_the_numerical_rank_and_pivots_like_qrcp():
     rng = np.random.default_rng(11)
     A = rng.standard_normal((3000, 7)) @ rng.standard_normal((7, 40))

@@ -298,10 +298,26 @@ def _estimate(A, approx, rng, dtype):
 
     ``approx(W, AW)`` returns ``A_k @ W`` (given ``A @ W``, for a projection ``Q Q.T A W``).
     """
-    W = rng.standard_normal((A.shape[1], PROBES)).astype(dtype, copy=False)
-    AW = _matmat(A, W)
-    R = AW - approx(W, AW)
-    return float(10 * math.sqrt(2 / math.pi) * np.sqrt(np.einsum("ij,ij->j", R, R)).max())
+    probes = _Probes(rng.standard_normal((A.shape[1], PROBES)).astype(dtype, copy=False))
+    probes.AW = _matmat(A, probes.W)
+    return probes.estimate(approx)
+
+
+@dataclass
+class _Probes:
+    """The error estimate's Gaussian probes ``W`` and ``A @ W``.
+
+    The range finder computes ``A @ W`` in its first product from ``A`` (a GEMM of ``l + 10``
+    columns, where the estimate took a pass of its own). ``W`` is drawn apart from the sketch, so
+    ``A_k`` does not depend on it and HMT's bound holds as for probes drawn afterwards.
+    """
+
+    W: np.ndarray
+    AW: np.ndarray | None = None
+
+    def estimate(self, approx):
+        R = self.AW - approx(self.W, self.AW)
+        return float(10 * math.sqrt(2 / math.pi) * np.sqrt(np.einsum("ij,ij->j", R, R)).max())
 
 
 # ------------------------------------------------------------------------------------ range finder
@@ -344,7 +360,8 @@ def range_finder(
         basis has ``rank`` columns.
     block_size : int, default 10
     error_probes : bool, default True
-        Compute ``error_estimate`` (one more pass with 10 Gaussian vectors).
+        Compute ``error_estimate`` from 10 Gaussian vectors, multiplied by ``A`` in the first
+        product from ``A`` (no pass of their own; one more pass for Dask input and with ``tol``).
     seed : None, int, SeedSequence or Generator
 
     Returns
@@ -365,11 +382,12 @@ def range_finder(
 
 
 def _find_range(
-    A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed, keep=None
+    A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed, keep=None, probes=None
 ):
     """:func:`range_finder` of an ``A`` that :func:`_check_matrix` accepted (each check of a dense
     ``A`` reads it once); ``keep`` (a list) receives ``Q_j.T A`` of every block Krylov block but the
-    last, computed on the way (:func:`svd` then needs one pass of ``l`` columns for ``Q.T A``)."""
+    last, computed on the way (:func:`svd` then needs one pass of ``l`` columns for ``Q.T A``);
+    ``probes`` (a :class:`_Probes`) gets ``A @ W`` from the first product (in memory only)."""
     m, n = A.shape
     rank = _check_rank(rank, m, n)
     oversample = check_int(oversample, "oversample", minimum=0)
@@ -390,11 +408,11 @@ def _find_range(
     width = min(rank + oversample, m, n)
     if is_dask_array(A):
         return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
-    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep)
-    est = None
     if error_probes:
-        est = _estimate(A, lambda W, AW: Q @ (Q.T @ AW), np.random.default_rng(seeds[1]), dtype)
-    return RangeFinderResult(Q, est, passes + (1 if error_probes else 0), method)
+        probes = _Probes(np.random.default_rng(seeds[1]).standard_normal((n, PROBES)).astype(dtype, copy=False))
+    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes)
+    est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
+    return RangeFinderResult(Q, est, passes, method)
 
 
 def _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep):
@@ -412,36 +430,43 @@ def _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, ke
     return RangeFinderResult(Q, est, passes + (1 if error_probes else 0), method)
 
 
-def _basis(A, width, passes, method, sketch, seed, dtype, keep=None):
+def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None):
+    """The range finder's basis (Fortran-ordered; ``l (q + 1)`` columns for block Krylov).
+
+    One buffer holds ``A @ probes.W`` (when given) and then the basis' blocks, each a contiguous
+    ``m x l`` slice, so the first product from ``A`` writes both in one GEMM and no ``m x l`` array
+    is allocated per step (their page faults cost more than the products on the machines measured).
+    """
     m, n = A.shape
     if passes % 2:
-        Y = _times_sketch(A, _draw(sketch, n, width, seed, dtype))
-        rounds = passes // 2
+        Z = np.asarray(_draw(sketch, n, width, seed, dtype).to_dense().T, dtype=dtype)
     else:
         Z = _orth(_times_sketch(_transpose(A), _draw(sketch, m, width, seed, dtype)))
-        Y = _matmat(A, Z)
-        rounds = passes // 2 - 1
+    rounds = (passes - 1) // 2
     if method == "block_krylov":
         rounds = min(rounds, min(m, n) // width - 1)  # the space cannot outgrow min(m, n)
-        return _block_krylov(A, Y, rounds, keep)
-    Q = _orth(Y)
+    p = 0 if probes is None else probes.W.shape[1]
+    blocks = rounds + 1 if method == "block_krylov" else 1
+    buffer = np.empty((m, p + width * blocks), dtype=dtype, order="F")
+    _matmat(A, Z if p == 0 else np.hstack([probes.W, Z]), out=buffer[:, : p + width])
+    if probes is not None:
+        probes.AW = buffer[:, :p]
+    K, scratch = buffer[:, p:], np.empty((m, width), dtype=dtype, order="F")
+    if method == "block_krylov":
+        return _block_krylov(A, K, width, scratch, keep)
+    Q = _orth(K, scratch)
     for _ in range(rounds):
         Z = _orth(_rmatmat(A, Q))
-        Q = _orth(_matmat(A, Z, out=Q))  # the last block's memory is free now
+        Q = _orth(_matmat(A, Z, out=Q), scratch)  # the last block's memory is free now
     return Q
 
 
-def _block_krylov(A, Y, rounds, keep):
-    """Block Krylov in one Fortran-ordered basis ``K`` (each block a contiguous ``m x l`` slice) and
-    one scratch block: no ``m x l`` array is allocated per step (their page faults cost more than
-    the products on the machines measured). ``keep`` receives ``Q_j.T A`` of every block but the
-    last."""
-    m, width = Y.shape
-    K = np.empty((m, width * (rounds + 1)), dtype=Y.dtype, order="F")
-    scratch = np.empty((m, width), dtype=Y.dtype, order="F")
-    K[:, :width] = Y
+def _block_krylov(A, K, width, scratch, keep):
+    """Block Krylov in the Fortran-ordered basis ``K`` (its first block ``A S.T``; each block a
+    contiguous ``m x l`` slice) with one scratch block. ``keep`` receives ``Q_j.T A`` of every
+    block but the last."""
     _orth_into(K[:, :width], scratch)
-    for j in range(1, rounds + 1):
+    for j in range(1, K.shape[1] // width):
         P = _rmatmat(A, K[:, (j - 1) * width : j * width])  # A.T Q_{j-1}, (n, l)
         if keep is not None:
             keep.append(P.T.copy())  # Q_{j-1}.T A, before _orth overwrites P
@@ -537,7 +562,8 @@ def svd(
         smaller Frobenius error than scikit-learn's ``randomized_svd`` defaults (four power
         iterations) on fast and slow spectral decays, in less time (``docs/lowrank.md``).
     error_probes : bool, default True
-        Estimate ``||A - U diag(s) Vt||_2`` (one more pass).
+        Estimate ``||A - U diag(s) Vt||_2`` from 10 Gaussian vectors carried in the range finder's
+        first product (one more pass for Dask input and with ``tol``).
     flip_sign : bool, default True
 
     Returns
@@ -562,8 +588,12 @@ def svd(
         return _dask_svd(
             A, rank, sketch, oversample, passes, method, error_probes, flip_sign, seed, dtype, t0
         )
-    keep = []
-    found = _find_range(A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep)
+    check_seed(seed)
+    keep, probes = [], None
+    if error_probes:
+        rng = np.random.default_rng(seed_sequence(seed).spawn(3)[2])
+        probes = _Probes(rng.standard_normal((n, PROBES)).astype(dtype, copy=False))
+    found = _find_range(A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes)
     t1 = time.perf_counter()
     Q = found.Q
     # Q.T A, (l, n): block Krylov computed it for all blocks but the last on the way.
@@ -578,10 +608,12 @@ def svd(
     t2 = time.perf_counter()
     est = None
     if error_probes:
-        rng = np.random.default_rng(seed_sequence(seed).spawn(3)[2])
-        est = _estimate(A, lambda W, AW: U @ (s[:, None] * (Vt @ W)), rng, dtype)
+        extra_pass = probes.AW is None  # the adaptive range finder's first products are its blocks'
+        if extra_pass:
+            probes.AW = _matmat(A, probes.W)
+        est = probes.estimate(lambda W, AW: U @ (s[:, None] * (Vt @ W)))
     t3 = time.perf_counter()
-    passes_used = found.passes + 1 + (1 if error_probes else 0)
+    passes_used = found.passes + 1 + (1 if error_probes and extra_pass else 0)
     timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
     return SVDResult(U, s.astype(dtype, copy=False), Vt, est, passes_used, timings)
 

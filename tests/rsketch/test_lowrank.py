@@ -337,3 +337,25 @@ def test_threaded_sparse_products_match_scipy(fmt, dtype):
     out = np.empty((20_000, 9), dtype=dtype, order="F")  # written in place, as block Krylov does
     assert _matmat(A, Y, out=out) is out
     np.testing.assert_allclose(out, A @ Y, rtol=rtol, atol=rtol * np.abs(out).max())
+
+
+@pytest.mark.parametrize("passes, method", [(1, "subspace"), (4, "subspace"), (5, "block_krylov")])
+def test_the_estimates_probes_ride_in_the_first_product(passes, method):
+    # svd and range_finder multiply the estimate's probes by A in the range finder's first product;
+    # the estimate equals HMT's formula with A @ W computed on its own, and costs no pass
+    from rsketch._validation import seed_sequence
+
+    rng = np.random.default_rng(12)
+    A = rng.standard_normal((3000, 80)) * np.exp(-np.arange(80) / 8)
+    res = svd(A, 6, passes=passes, method=method, seed=5)
+    assert res.passes == passes + 1
+    W = np.random.default_rng(seed_sequence(5).spawn(3)[2]).standard_normal((80, 10))
+    R = A @ W - res.U @ (res.s[:, None] * (res.Vt @ W))
+    expected = 10 * np.sqrt(2 / np.pi) * np.linalg.norm(R, axis=0).max()
+    assert res.error_estimate == pytest.approx(expected, rel=1e-12)
+    found = range_finder(A, 6, passes=passes, method=method, seed=5)
+    assert found.passes == passes
+    W = np.random.default_rng(seed_sequence(5).spawn(2)[1]).standard_normal((80, 10))
+    R = A @ W - found.Q @ (found.Q.T @ (A @ W))
+    expected = 10 * np.sqrt(2 / np.pi) * np.linalg.norm(R, axis=0).max()
+    assert found.error_estimate == pytest.approx(expected, rel=1e-10)

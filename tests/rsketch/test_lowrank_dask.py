@@ -31,7 +31,8 @@ def test_svd_equals_in_memory(matrix, passes, method):
         res = rsketch.svd(Ad, 8, passes=passes, method=method, seed=3)
         U = res.U.compute()
     ref = rsketch.svd(A, 8, passes=passes, method=method, seed=3)
-    assert isinstance(res.U, da.Array) and res.passes == ref.passes
+    # in memory the estimate's probes ride in the first product; on Dask they take a pass of their own
+    assert isinstance(res.U, da.Array) and res.passes == ref.passes + 1
     np.testing.assert_allclose(res.s, ref.s, rtol=1e-12)
     np.testing.assert_allclose(U, ref.U, atol=1e-10)  # same signs (svd_flip on U)
     np.testing.assert_allclose(res.Vt, ref.Vt, atol=1e-10)

@@ -43,7 +43,8 @@ class RangeFinderResult:
         HMT's randomized estimate (section 4.3) of ``||A - Q Q.T A||_2``: an upper bound with
         probability at least ``1 - 10**-10``. None when ``error_probes=0``.
     passes : int
-        Products of ``A`` or ``A.T`` with a block of vectors (the estimate's included).
+        Passes over ``A``: products of ``A`` or ``A.T`` with a block of vectors (in memory the
+        estimate's probes share the first one; Dask input and the adaptive finder give them their own).
     method : str
 
     Examples

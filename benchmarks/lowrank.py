@@ -188,7 +188,8 @@ def _ridge(report, n, p, alpha, repeats, bandwidth=3.0):
     rel = float(np.linalg.norm(ours.coef_ - ref.coef_) / np.linalg.norm(ref.coef_))
     report.rows.append(
         {
-            "case": f"SketchedRidge n = p = {n:,}, random Fourier features, bandwidth {bandwidth:g}, alpha {alpha:g}",
+            "case": f"SketchedRidge n = p = {n:,}, random Fourier features, "
+            f"bandwidth {bandwidth:g}, alpha {alpha:g}",
             "ours_s": t_ours,
             "sklearn_s": t_sk,
             "speedup": t_sk / t_ours,

@@ -299,7 +299,7 @@ def _estimate(A, approx, rng, dtype):
 
     ``approx(W, AW)`` returns ``A_k @ W`` (given ``A @ W``, for a projection ``Q Q.T A W``).
     """
-    probes = _Probes(rng.standard_normal((A.shape[1], PROBES)).astype(dtype, copy=False))
+    probes = _Probes.draw(rng, A.shape[1], dtype)
     probes.AW = _matmat(A, probes.W)
     return probes.estimate(approx)
 
@@ -315,6 +315,10 @@ class _Probes:
 
     W: np.ndarray
     AW: np.ndarray | None = None
+
+    @classmethod
+    def draw(cls, rng, n, dtype):
+        return cls(rng.standard_normal((n, PROBES)).astype(dtype, copy=False))
 
     def estimate(self, approx):
         R = self.AW - approx(self.W, self.AW)
@@ -379,11 +383,25 @@ def range_finder(
     True
     """
     A, dtype = _check_matrix(A, dask=True)
-    return _find_range(A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed)
+    return _find_range(
+        A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed
+    )
 
 
 def _find_range(
-    A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed, keep=None, probes=None
+    A,
+    dtype,
+    rank,
+    sketch,
+    oversample,
+    passes,
+    method,
+    tol,
+    block_size,
+    error_probes,
+    seed,
+    keep=None,
+    probes=None,
 ):
     """:func:`range_finder` of an ``A`` that :func:`_check_matrix` accepted (each check of a dense
     ``A`` reads it once); ``keep`` (a list) receives ``Q_j.T A`` of every block Krylov block but the
@@ -410,7 +428,7 @@ def _find_range(
     if is_dask_array(A):
         return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
     if error_probes:
-        probes = _Probes(np.random.default_rng(seeds[1]).standard_normal((n, PROBES)).astype(dtype, copy=False))
+        probes = _Probes.draw(np.random.default_rng(seeds[1]), n, dtype)
     Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes)
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
     return RangeFinderResult(Q, est, passes, method)
@@ -592,9 +610,10 @@ def svd(
     check_seed(seed)
     keep, probes = [], None
     if error_probes:
-        rng = np.random.default_rng(seed_sequence(seed).spawn(3)[2])
-        probes = _Probes(rng.standard_normal((n, PROBES)).astype(dtype, copy=False))
-    found = _find_range(A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes)
+        probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), n, dtype)
+    found = _find_range(
+        A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes
+    )
     t1 = time.perf_counter()
     Q = found.Q
     # Q.T A, (l, n): block Krylov computed it for all blocks but the last on the way.

@@ -230,7 +230,9 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, threshold, start=50)
         cross = Omega[:, :l].T @ Y[:, :l]
         gram += nu * (cross + cross.T) + nu**2 * np.eye(l, dtype=dtype)  # Y_nu.T Y_nu
         half = scipy.linalg.solve_triangular(C, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
-        sigma2 = scipy.linalg.eigvalsh(scipy.linalg.solve_triangular(C, half.T, trans="T", check_finite=False))
+        sigma2 = scipy.linalg.eigvalsh(
+            scipy.linalg.solve_triangular(C, half.T, trans="T", check_finite=False)
+        )
         if sigma2[0] - nu <= threshold:
             break
         width = min(2 * width, max_rank)

@@ -223,11 +223,11 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, threshold, start=50)
         Omega[:, l:width] = _orth(G)
         Y[:, l:width] = np.asarray(A @ Omega[:, l:width])
         l = width
-        C, nu = _stable_core(Omega[:, :l], Y[:, :l])
+        cross = Omega[:, :l].T @ Y[:, :l]  # Omega.T A Omega
+        C, nu = _stable_core(cross, Y[:, :l])
         if width >= max_rank:
             break
         gram = Y[:, :l].T @ Y[:, :l]
-        cross = Omega[:, :l].T @ Y[:, :l]
         gram += nu * (cross + cross.T) + nu**2 * np.eye(l, dtype=dtype)  # Y_nu.T Y_nu
         half = scipy.linalg.solve_triangular(C, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
         sigma2 = scipy.linalg.eigvalsh(
@@ -243,18 +243,17 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, threshold, start=50)
     return NystromResult(U, lam, nu), l
 
 
-def _stable_core(Omega, Y):
+def _stable_core(cross, Y):
     """Tropp et al. (2017)'s shift ``nu = sqrt(n) eps ||Y||_F`` (Frobenius: an upper bound of the
-    spectral norm, no SVD) and the Cholesky factor ``C`` of ``Omega.T (Y + nu Omega)``, upper:
-    ``B = Y_nu C^-1`` has ``A_nys + nu I = B B.T`` on range(Omega)."""
-    n = Omega.shape[0]
-    nu = math.sqrt(n) * np.finfo(Y.dtype).eps * float(np.linalg.norm(Y))
-    core = Omega.T @ Y
-    core = (core + core.T) / 2 + nu * np.eye(core.shape[0], dtype=core.dtype)
+    spectral norm, no SVD) and the Cholesky factor ``C`` of ``Omega.T (Y + nu Omega)``, upper, from
+    ``cross = Omega.T Y`` (orthonormal ``Omega``): ``B = Y_nu C^-1`` has ``A_nys + nu I = B B.T``
+    on range(Omega)."""
+    nu = math.sqrt(Y.shape[0]) * np.finfo(Y.dtype).eps * float(np.linalg.norm(Y))
+    core = (cross + cross.T) / 2 + nu * np.eye(cross.shape[0], dtype=cross.dtype)
     try:
         return np.linalg.cholesky(core).T, nu
     except np.linalg.LinAlgError:
-        w = scipy.linalg.eigvalsh(Omega.T @ Y, check_finite=False)
+        w = scipy.linalg.eigvalsh(cross, check_finite=False)
         raise ValueError(
             f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} "
             f"(largest {w[-1]:.3g}); nystrom_pcg needs a PSD matrix"

@@ -28,6 +28,53 @@ def numpy_namespace():
     return array_api_compat.array_namespace(np.empty(0))
 
 
+def is_non_numpy_array(a) -> bool:
+    """True for an array of an array-API library other than NumPy and Dask (CuPy, PyTorch,
+    ``array_api_strict``): the solvers keep its ``n``-sized work in its own library.
+
+    Examples
+    --------
+    >>> import numpy as np, array_api_strict as xps
+    >>> is_non_numpy_array(np.ones(3)), is_non_numpy_array(xps.ones(3))
+    (False, True)
+    """
+    return (
+        array_api_compat.is_array_api_obj(a)
+        and not array_api_compat.is_numpy_array(a)
+        and not array_api_compat.is_dask_array(a)
+    )
+
+
+def to_host(a) -> np.ndarray:
+    """``a`` on the host: copied from the device for CuPy, shared (DLPack) for another host library;
+    NumPy arrays and SciPy matrices as they are.
+
+    Examples
+    --------
+    >>> import array_api_strict as xps
+    >>> to_host(xps.asarray([1.0, 2.0])).tolist()
+    [1.0, 2.0]
+    """
+    if array_library(a) == "cupy":
+        return a.get()
+    return np.from_dlpack(a) if is_non_numpy_array(a) else a
+
+
+def like(a: np.ndarray, ref):
+    """The host array ``a`` moved to the library and device of ``ref`` (``a`` itself for NumPy ``ref``).
+
+    Examples
+    --------
+    >>> import numpy as np, array_api_strict as xps
+    >>> type(like(np.ones(2), xps.ones(3))).__module__.split(".")[0]
+    'array_api_strict'
+    """
+    if isinstance(ref, np.ndarray) or not is_non_numpy_array(ref):
+        return a
+    xp = array_api_compat.array_namespace(ref)
+    return xp.asarray(a, device=array_api_compat.device(ref))
+
+
 def array_library(a) -> str:
     """The library holding ``a``'s data: ``"cupy"`` (device arrays, ``cupyx`` sparse matrices included),
     ``"dask"``, or ``"numpy"`` (NumPy arrays, SciPy sparse matrices, lists, scalars).

@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from rsketch._backend import array_namespace, is_non_numpy_array, to_host
 from rsketch._validation import LSTSQ_METHODS, check_finite, check_int, check_operand, check_option
 from rsketch.dask._design import DaskDesign, validate_dask_problem
 from rsketch.dask._leverage import leverage_sampling
 from rsketch.dask._sketch import is_dask_array
+from rsketch.linalg._array_design import ArrayDesign, validate_array_problem
 from rsketch.linalg._design import Design
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
@@ -53,6 +55,8 @@ def validate_problem(X, y):
     """
     if is_dask_array(X) or is_dask_array(y):
         return validate_dask_problem(X, y)
+    if is_non_numpy_array(X) or is_non_numpy_array(y):  # CuPy (or another array-API library)
+        return validate_array_problem(X, y)
     if sp.issparse(X):
         if X.ndim != 2:
             raise ValueError(f"X must be 2-D, got shape {X.shape}")
@@ -148,26 +152,34 @@ def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
 
 
 def apply_sketch(S, X, name="X"):
-    """``S @ X`` (computed, for Dask ``X``); a NaN/inf found by the operator is reported against ``name``."""
+    """``S @ X`` on the host (computed, for Dask ``X``; copied from the device for CuPy ``X``); a NaN/inf
+    found by the operator is reported against ``name``."""
     try:
         SX = S @ X
-        return SX.compute() if is_dask_array(SX) else SX
+        return SX.compute() if is_dask_array(SX) else to_host(SX)
     except ValueError:
         check_finite(X, name)
         raise
 
 
 def design_for(X):
-    """The products the iterations use: ``Design``, or ``rsketch.dask.DaskDesign`` for a Dask ``X``."""
-    return DaskDesign(X) if is_dask_array(X) else Design(X)
+    """The products the iterations use: ``Design``; ``DaskDesign`` for a Dask ``X``, ``ArrayDesign`` for
+    an ``X`` of another array library (CuPy)."""
+    if is_dask_array(X):
+        return DaskDesign(X)
+    return ArrayDesign(X) if is_non_numpy_array(X) else Design(X)
 
 
-def column_norms(A: np.ndarray) -> np.ndarray:
-    """Euclidean norm of each column of a 2-D array (the solvers scale their data into range first).
+def column_norms(A) -> np.ndarray:
+    """Euclidean norm of each column of a 2-D array (the solvers scale their data into range first);
+    a host array for any input library.
 
     Examples
     --------
     >>> column_norms(np.array([[3.0, 0.0], [4.0, 2.0]])).tolist()
     [5.0, 2.0]
     """
+    if is_non_numpy_array(A):
+        xp = array_namespace(A)
+        return np.sqrt(to_host(xp.sum(A * A, axis=0)))
     return np.sqrt(np.einsum("ij,ij->j", A, A))

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from rsketch._backend import like, to_host
 from rsketch._validation import LSTSQ_INNER_SOLVERS, LSTSQ_METHODS, check_int, check_option
 from rsketch.linalg._common import column_norms, design_for, resolve_sketch, validate_problem
 from rsketch.linalg._ihs import ihs
@@ -150,6 +151,7 @@ def lstsq(
     True
     """
     t_start = time.perf_counter()
+    X_in = X
     check_option(method, "method", LSTSQ_METHODS)
     check_option(inner_solver, "inner_solver", LSTSQ_INNER_SOLVERS)
     X, Y, is_vector = validate_problem(X, y)
@@ -178,7 +180,7 @@ def lstsq(
         X, SX, x_shift = sketch_design(S, X, first_pass=first)
         if x_shift:  # rescaled: products of the new X
             design = design_for(X)
-        SY = S @ Y
+        SY = to_host(S @ Y)
         t1 = time.perf_counter()
         factor = sketched_factor(SX, SY)
         rank = factor.rank
@@ -213,7 +215,7 @@ def lstsq(
         if log.backward_error is not None:
             log.backward_error = float(log.backward_error[0])
     return LstsqResult(
-        coef=coef,
+        coef=like(coef, X_in),  # on X's device
         residual_norm=rnorm,
         iterations=iterations,
         converged=bool(converged),

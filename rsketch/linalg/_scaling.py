@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 
+import array_api_compat
 import numpy as np
 import scipy.sparse as sp
 
+from rsketch._backend import array_namespace, is_non_numpy_array, to_host
 from rsketch.linalg._common import apply_sketch
 
 # Largest entries in [2^LO, 2^HI] need no scaling: their squares, and sums of a billion of them, stay
@@ -39,30 +41,44 @@ def _shift(amax: float) -> int:
     return math.frexp(amax)[1] - 1
 
 
-def _max_abs(A) -> float:
+def _max_abs(A, axis=None):
+    """The largest ``|entry|`` of ``A`` (per column with ``axis=0``), on the host."""
+    if is_non_numpy_array(A):
+        xp = array_namespace(A)
+        return to_host(xp.max(xp.abs(A), axis=axis)) if A.size else np.zeros(A.shape[1] if axis == 0 else ())
     data = A.data if sp.issparse(A) else A
-    return float(np.max(np.abs(data))) if data.size else 0.0
+    return np.max(np.abs(data), axis=axis) if data.size else np.zeros(A.shape[1] if axis == 0 else ())
 
 
-def _ldexp(A, shift: int):
+def _ldexp(A, shifts):
+    """``A 2^-shifts`` (exact; ``shifts`` an int, or one per column of a dense ``A``) in ``A``'s library."""
+    shifts = np.asarray(shifts)
     if sp.issparse(A):
         A = A.copy()
-        A.data = np.ldexp(A.data, -shift)
+        A.data = np.ldexp(A.data, -shifts)
         return A
-    return np.ldexp(A, -shift)
+    if not is_non_numpy_array(A):
+        return np.ldexp(A, -shifts)
+    # No ldexp in the array API: multiply by 2^-s in two exact steps (2^-s alone may not be a float64).
+    xp = array_namespace(A)
+    half = shifts // 2
+    for part in (half, shifts - half):
+        A = A * xp.asarray(np.ldexp(1.0, -part), device=array_api_compat.device(A))
+    return A
 
 
-def scale_columns(Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def scale_columns(Y) -> tuple[np.ndarray, np.ndarray]:
     """``(Y 2^-b_j, b)``: each column's largest entry brought near one when out of the safe range."""
-    shifts = np.array([_shift(float(np.max(np.abs(Y[:, j])))) for j in range(Y.shape[1])], dtype=np.int64)
+    shifts = np.array([_shift(float(a)) for a in _max_abs(Y, axis=0)], dtype=np.int64)
     if not shifts.any():
         return Y, shifts
-    return np.ascontiguousarray(np.ldexp(Y, -shifts[None, :])), shifts
+    Y = _ldexp(Y, shifts)
+    return (Y if is_non_numpy_array(Y) else np.ascontiguousarray(Y)), shifts
 
 
 def scale_design(X):
     """``(X 2^-a, a)`` from the largest entry of ``X`` (one pass over ``X``)."""
-    shift = _shift(_max_abs(X))
+    shift = _shift(float(_max_abs(X)))
     return (X, 0) if shift == 0 else (_ldexp(X, shift), shift)
 
 
@@ -75,7 +91,7 @@ def sketch_design(S, X, first_pass=None):
     amax = float(np.max(np.abs(SX))) if SX.size else 0.0
     if math.isfinite(amax) and _shift(amax) == 0:
         return X, SX, 0
-    shift = _shift(_max_abs(X))  # the sketch overflowed or is out of range: scale by X itself
+    shift = _shift(float(_max_abs(X)))  # the sketch overflowed or is out of range: scale by X itself
     if shift == 0:
         return X, SX, 0
     X = _ldexp(X, shift)

@@ -133,6 +133,24 @@ def operand(n, k, dtype, order, seed=0):
     return np.asfortranarray(A) if order == "F" else A
 
 
+# The careful residual gradient (n, p, k, chunks, accuracy): p not a multiple of 4 (the chains' tails),
+# several right-hand sides, chunks of unequal length, and a residual far smaller than y (where the
+# exact mode's Dot2 residual differs from a plain one).
+RESGRAD_CASES = {
+    "exact": (61, 7, 2, 3, "exact"),
+    "exact_one_chunk": (40, 8, 1, 1, "exact"),
+    "compensated": (61, 7, 2, 3, "compensated"),
+}
+
+
+def resgrad_operands(n, p, k):
+    rng = np.random.default_rng(n * 100 + p)
+    X = rng.standard_normal((n, p))
+    B = rng.standard_normal((p, k))
+    Y = X @ B + 1e-9 * rng.standard_normal((n, k))
+    return X, np.ascontiguousarray(Y), B
+
+
 def simulate(outdir: pathlib.Path) -> None:
     """Run every CUDA kernel in the simulator (this process has ``NUMBA_ENABLE_CUDASIM=1``)."""
     from numba.core import config
@@ -171,6 +189,10 @@ def simulate(outdir: pathlib.Path) -> None:
     res["apply_srht_groups"] = device_apply.sketch_apply(
         rsketch.SRHT(100, 9, seed=3), operand(100, 5, "float64", "C")
     )
+    for name, (n, p, k, nchunks, accuracy) in RESGRAD_CASES.items():
+        X, Y, B = resgrad_operands(n, p, k)
+        g, nrm = ck.residual_gradient(X, Y, B, nchunks, accuracy)
+        res[f"resgrad_{name}_g"], res[f"resgrad_{name}_nrm"] = g, nrm
     np.savez(outdir / "sim.npz", **res)
 
 
@@ -235,6 +257,20 @@ def test_uniform_indices_are_bitwise(sim, count, bound):
     np.testing.assert_array_equal(
         sim[f"indices_{count}_{bound}"], cpu.uniform_indices(KEY[0], KEY[1], count, bound, STREAM_SAMPLE)
     )
+
+
+@pytest.mark.parametrize("name", sorted(RESGRAD_CASES))
+def test_careful_residual_gradient_is_the_cpu_kernels_bits(sim, name):
+    n, p, k, nchunks, accuracy = RESGRAD_CASES[name]
+    X, Y, B = resgrad_operands(n, p, k)
+    g, nrm = cpu.residual_gradient(X, Y, B, nchunks, accuracy)
+    np.testing.assert_array_equal(sim[f"resgrad_{name}_g"], g)
+    np.testing.assert_array_equal(sim[f"resgrad_{name}_nrm"], nrm)
+
+
+def test_careful_residual_gradient_modes_differ(sim):
+    # The exact mode's residual is error-free; at a residual 1e-9 of y, the plain one's rounding shows.
+    assert not np.array_equal(sim["resgrad_exact_g"], sim["resgrad_compensated_g"])
 
 
 @pytest.mark.parametrize("case", OPERATOR_CASES, ids=lambda c: c[0])
@@ -305,10 +341,24 @@ def compile_all() -> None:
         "_signs_kernel": (i64, i64, i64, i64, vec(f64)),
         "_uniform_indices_kernel": (i64, i64, i64, i64, vec(i64)),
         "_gather_kernel": (mat(f64, "A"), vec(i64), vec(f64), mat(f64)),
+        "_residual_gradient_chunks_kernel": (
+            mat(f64),
+            mat(f64),
+            mat(f64),
+            nt.boolean,
+            nt.Array(f64, 3, "C"),
+            nt.Array(f64, 3, "C"),
+            mat(f64),
+        ),
+        "_chunk_sum_kernel": (nt.Array(f64, 3, "C"), nt.Array(f64, 3, "C"), mat(f64), mat(f64), vec(f64)),
     }
     compiled = []
     for name, sig in signatures.items():
-        cuda.compile_ptx(getattr(ck, name).py_func, sig, cc=(8, 0))
+        ptx, _ = cuda.compile_ptx(getattr(ck, name).py_func, sig, cc=(8, 0))
+        if name == "_residual_gradient_chunks_kernel":
+            # The CPU's bits need every product rounded on its own: explicit fma.rn (never contracted),
+            # no mul.f64 that ptxas could fuse with the add after it.
+            assert "mul.f64" not in ptx and "fma.rn.f64" in ptx, "a contractible product in the kernel"
         compiled.append(name)
     for dtype, kernel in ck._bucket_sum.items():
         ft = from_dtype(dtype)

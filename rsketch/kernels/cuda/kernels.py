@@ -441,3 +441,187 @@ def _gather_kernel(A, idx, scales, out):
 def gather_rows(A, idx, scales, out):
     """``out[i] = A[idx[i]] * scales[i]`` (``scales`` in A's dtype): the sampling sketches' product."""
     _gather_kernel[_grid(out.size)](A, idx, scales, out)
+
+
+# ------------------------------------------------------------------ careful residual gradient
+# The twin of kernels.cpu.residual_gradient's "exact" and "compensated" modes, with the CPU's chunks
+# and the CPU's operations in the CPU's order, so that the result is the CPU's bit for bit. Two
+# things would break that on a GPU, and both are pinned here:
+# - ptxas may contract a product and the sum that uses it into one FMA (one rounding where the CPU
+#   rounds twice, which also breaks TwoSum's exactness). Every product that feeds a sum is therefore
+#   an explicit fma(a, b, +0.0): exactly the rounded product, and an FMA is never contracted again.
+# - The simulator's fma is `a * b + c` (two roundings), so in the simulator the exact product error
+#   comes from Dekker's splitting instead (exact in plain arithmetic, which the simulator has).
+if config.ENABLE_CUDASIM:
+
+    @cuda.jit(device=True)
+    def _mul(a, b):
+        return a * b
+
+    @cuda.jit(device=True)
+    def _product_error(a, b, prod):
+        # Dekker (1971): a and b split into 26-bit halves whose products are exact.
+        t = 134217729.0 * a
+        ah = t - (t - a)
+        al = a - ah
+        t = 134217729.0 * b
+        bh = t - (t - b)
+        bl = b - bh
+        return ((ah * bh - prod) + ah * bl + al * bh) + al * bl
+
+else:
+
+    @cuda.jit(device=True)
+    def _mul(a, b):
+        return cuda.fma(a, b, 0.0)
+
+    @cuda.jit(device=True)
+    def _product_error(a, b, prod):
+        return cuda.fma(a, b, -prod)
+
+
+@cuda.jit(device=True)
+def _two_sum_err(a, b, s):
+    bb = s - a
+    return (a - (s - bb)) + (b - bb)
+
+
+@cuda.jit(device=True)
+def _dot2_residual(X, Y, Bt, i, m):
+    """``Y[i, m] - X[i] . Bt[m]`` by Dot2 in four chains: (hi, lo), the CPU kernel's operations."""
+    p = X.shape[1]
+    p4 = p - p % 4
+    s0 = Y[i, m]
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    c0 = 0.0
+    c1 = 0.0
+    c2 = 0.0
+    c3 = 0.0
+    for j in range(0, p4, 4):
+        prod = _mul(X[i, j], Bt[m, j])
+        s = s0 - prod
+        c0 += _two_sum_err(s0, -prod, s) - _product_error(X[i, j], Bt[m, j], prod)
+        s0 = s
+        prod = _mul(X[i, j + 1], Bt[m, j + 1])
+        s = s1 - prod
+        c1 += _two_sum_err(s1, -prod, s) - _product_error(X[i, j + 1], Bt[m, j + 1], prod)
+        s1 = s
+        prod = _mul(X[i, j + 2], Bt[m, j + 2])
+        s = s2 - prod
+        c2 += _two_sum_err(s2, -prod, s) - _product_error(X[i, j + 2], Bt[m, j + 2], prod)
+        s2 = s
+        prod = _mul(X[i, j + 3], Bt[m, j + 3])
+        s = s3 - prod
+        c3 += _two_sum_err(s3, -prod, s) - _product_error(X[i, j + 3], Bt[m, j + 3], prod)
+        s3 = s
+    for j in range(p4, p):
+        prod = _mul(X[i, j], Bt[m, j])
+        s = s0 - prod
+        c0 += _two_sum_err(s0, -prod, s) - _product_error(X[i, j], Bt[m, j], prod)
+        s0 = s
+    t = s0 + s1
+    comp = c0 + c1 + c2 + c3 + _two_sum_err(s0, s1, t)
+    u = t + s2
+    comp += _two_sum_err(t, s2, u)
+    t = u + s3
+    e = _two_sum_err(u, s3, t)
+    hi = t + (comp + e)
+    return hi, _two_sum_err(t, comp + e, hi)
+
+
+@cuda.jit(device=True)
+def _plain_residual(X, Y, Bt, i, m):
+    """``Y[i, m] - X[i] . Bt[m]`` in four plain chains (the CPU's compensated mode), and 0."""
+    p = X.shape[1]
+    p4 = p - p % 4
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    for j in range(0, p4, 4):
+        s0 += _mul(X[i, j], Bt[m, j])
+        s1 += _mul(X[i, j + 1], Bt[m, j + 1])
+        s2 += _mul(X[i, j + 2], Bt[m, j + 2])
+        s3 += _mul(X[i, j + 3], Bt[m, j + 3])
+    for j in range(p4, p):
+        s0 += _mul(X[i, j], Bt[m, j])
+    return Y[i, m] - ((s0 + s1) + (s2 + s3)), 0.0
+
+
+@cuda.jit
+def _residual_gradient_chunks_kernel(X, Y, Bt, exact, hi, lo, nrm):
+    # Thread (c, m) runs chunk c's rows for right-hand side m: the residual (Dot2 when `exact`), then
+    # X[i].T r added into hi[c, m], lo[c, m] in double-double, as kernels.cpu._residual_gradient_py.
+    n, p = X.shape
+    nchunks, k = nrm.shape
+    e = cuda.grid(1)
+    while e < nchunks * k:
+        c = e // k
+        m = e % k
+        for i in range(c * n // nchunks, (c + 1) * n // nchunks):
+            if exact:
+                r_hi, r_lo = _dot2_residual(X, Y, Bt, i, m)
+            else:
+                r_hi, r_lo = _plain_residual(X, Y, Bt, i, m)
+            nrm[c, m] += _mul(r_hi, r_hi)
+            for j in range(p):
+                x = X[i, j]
+                v = _mul(r_hi, x)
+                h = hi[c, m, j]
+                s = h + v
+                bp = s - h
+                term = (h - (s - bp)) + (v - bp)
+                if exact:
+                    term += _product_error(r_hi, x, v) + _mul(r_lo, x)
+                lo[c, m, j] += term
+                hi[c, m, j] = s
+        e += cuda.gridsize(1)
+
+
+@cuda.jit
+def _chunk_sum_kernel(hi, lo, nrm, out, norms):
+    # Thread (m, j) adds the chunks' double-double partials in chunk order (and thread (m, 0) the norms).
+    nchunks, k, p = hi.shape
+    e = cuda.grid(1)
+    while e < k * p:
+        m = e // p
+        j = e % p
+        sh = 0.0
+        sl = 0.0
+        for c in range(nchunks):
+            v = hi[c, m, j]
+            s = sh + v
+            bp = s - sh
+            sl += (sh - (s - bp)) + (v - bp) + lo[c, m, j]
+            sh = s
+        out[j, m] = sh + sl
+        if j == 0:
+            total = 0.0
+            for c in range(nchunks):
+                total += nrm[c, m]
+            norms[m] = total
+        e += cuda.gridsize(1)
+
+
+def residual_gradient(X, Y, B, nchunks, accuracy):
+    """``(X.T @ (Y - X @ B), colwise ||Y - X @ B||**2)`` on the device, ``accuracy`` "exact" or "compensated".
+
+    ``X`` (n, p) and ``Y`` (n, k) float64 arrays of the device (C-ordered), ``B`` (p, k). The result is
+    that of :func:`rsketch.kernels.cpu.residual_gradient` with the same ``nchunks``, bit for bit; the
+    thread count is ``nchunks * k``, and the partial sums take ``16 nchunks k p`` bytes.
+    """
+    xp = array_module(X)
+    n, p = X.shape
+    k = Y.shape[1]
+    Bt = xp.ascontiguousarray(xp.asarray(B, dtype=np.float64).T)
+    hi = xp.zeros((nchunks, k, p))
+    lo = xp.zeros((nchunks, k, p))
+    nrm = xp.zeros((nchunks, k))
+    exact = accuracy == "exact"
+    _residual_gradient_chunks_kernel[_grid(nchunks * k)](X, Y, Bt, exact, hi, lo, nrm)
+    out = xp.empty((p, k))
+    norms = xp.empty(k)
+    _chunk_sum_kernel[_grid(k * p)](hi, lo, nrm, out, norms)
+    return out, norms

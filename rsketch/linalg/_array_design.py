@@ -1,0 +1,180 @@
+"""The solvers' passes over an ``X`` of another array library (CuPy on a GPU): :class:`ArrayDesign`.
+
+:func:`rsketch.lstsq` runs unchanged on such input, as it does on Dask's: ``X`` and ``y`` stay where
+they are, every pass over them (the sketch ``S X``, a CG product, a residual and gradient, ``X.T X``)
+runs in their library (cuBLAS GEMMs on a GPU), and only its small ``p x k`` result comes to the host,
+where the ``p``-sized work is done: the factorisation of the ``r x p`` sketch, the preconditioner, the
+backward-error estimate. The answer goes back to the input's device.
+
+The careful gradients that judge a refinement step (``accuracy="exact"`` and ``"compensated"``, see
+:func:`rsketch.kernels.cpu.residual_gradient`) run on a GPU in the CUDA twin of the CPU kernel
+(:func:`rsketch.kernels.cuda.kernels.residual_gradient`, the CPU's bits for the same chunks); for a
+host library without kernels of ours (``array_api_strict``, PyTorch on the CPU) they run in the CPU
+kernel, on row blocks shared through DLPack.
+"""
+
+from __future__ import annotations
+
+import array_api_compat
+import numpy as np
+
+from rsketch._backend import array_library, check_same_library, like, to_host
+from rsketch._validation import check_finite
+from rsketch.kernels import cpu
+from rsketch.linalg._backward_error import two_sum
+
+# Row blocks of the host fallback's careful gradient: at most 32 MB of X at a time.
+_BLOCK_ENTRIES = 1 << 22
+# Chunks of the device's careful gradient (one thread per chunk and right-hand side): enough threads
+# to fill a GPU's memory pipes, and partial sums of at most 64 MB.
+_DEVICE_CHUNKS = 1 << 14
+_DEVICE_PARTIAL_ENTRIES = 1 << 22
+
+
+def _real_float64(a, name, xp):
+    if not (xp.isdtype(a.dtype, "real floating") or xp.isdtype(a.dtype, "integral")):
+        raise TypeError(f"{name} must be a numeric (real) array; got dtype {a.dtype}")
+    return xp.astype(a, xp.float64) if a.dtype != xp.float64 else a
+
+
+def _check_finite(a, name, xp):
+    if a.size and not bool(xp.all(xp.isfinite(a))):
+        check_finite(to_host(a), name)  # the host check names the first bad entry
+
+
+def validate_array_problem(X, y):
+    """Check a least-squares problem whose ``X`` is an array of another library: ``(X, Y, is_vector)``.
+
+    ``X`` becomes a float64 ``(n, p)`` array and ``Y`` a float64 ``(n, k)`` array of that library, on
+    its device; both are checked finite there (one reduction each). Mixing a CuPy array with a NumPy
+    one is a ``TypeError`` naming both.
+
+    Examples
+    --------
+    >>> import array_api_strict as xps
+    >>> X, Y, vec = validate_array_problem(xps.ones((5, 2)), xps.ones(5))
+    >>> X.dtype == xps.float64, Y.shape, vec
+    (True, (5, 1), True)
+    """
+    check_same_library(X=X, y=y)
+    xp = array_api_compat.array_namespace(X)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
+    n, p = X.shape
+    if n < p:
+        raise ValueError(
+            f"X must have at least as many rows as columns (n >= p) for an overdetermined "
+            f"least-squares problem; got shape {X.shape}"
+        )
+    if n == 0 or p == 0:
+        raise ValueError(f"X is empty (shape {X.shape}); expected at least one row and column")
+    if not array_api_compat.is_array_api_obj(y) or array_api_compat.array_namespace(y) is not xp:
+        raise TypeError(
+            f"y must be an array of X's library ({xp.__name__}), on X's device; got {type(y).__name__}"
+        )
+    if y.ndim not in (1, 2) or y.shape[0] != n:
+        raise ValueError(f"y must have shape ({n},) or ({n}, k) to match X of shape {X.shape}; got {y.shape}")
+    X = _real_float64(X, "X", xp)
+    Y = _real_float64(y, "y", xp)
+    _check_finite(X, "X", xp)
+    _check_finite(Y, "y", xp)
+    is_vector = y.ndim == 1
+    return X, xp.reshape(Y, (n, -1)), is_vector
+
+
+def device_chunks(n: int, p: int, k: int) -> int:
+    """Row chunks of the device's careful gradient: a function of the shape only (reproducible).
+
+    Examples
+    --------
+    >>> device_chunks(4_000_000, 100, 1), device_chunks(10, 3, 1)
+    (16384, 10)
+    """
+    return max(1, min(n, _DEVICE_CHUNKS, _DEVICE_PARTIAL_ENTRIES // max(1, p * k)))
+
+
+class ArrayDesign:
+    """:class:`rsketch.linalg._design.Design`'s products for an ``X`` of another array library.
+
+    Each product is one pass over ``X`` in its library; what comes back is a NumPy array of ``p`` rows.
+    ``Y`` arguments are arrays of ``X``'s library; ``B`` and ``V`` are host arrays.
+
+    Examples
+    --------
+    >>> import numpy as np, array_api_strict as xps
+    >>> A = np.random.default_rng(0).standard_normal((50, 3))
+    >>> d = ArrayDesign(xps.asarray(A))
+    >>> g, nrm = d.residual_gradient(xps.ones((50, 1)), np.zeros((3, 1)), accuracy="exact")
+    >>> bool(np.allclose(g, A.sum(axis=0)[:, None])), nrm.tolist()
+    (True, [50.0])
+    """
+
+    sparse = False
+
+    def __init__(self, X):
+        self.X = X
+        self.xp = array_api_compat.array_namespace(X)
+        self.shape = tuple(X.shape)
+        self._first = None
+
+    def _to_device(self, B):
+        return like(np.ascontiguousarray(B, dtype=np.float64), self.X)
+
+    def matmul(self, B):
+        """``X @ B`` for a host ``B`` of shape ``(p, k)``: an array of ``X``'s library."""
+        return self.X @ self._to_device(B)
+
+    def gram(self, V):
+        """``(X.T @ X @ V, ||X @ V||**2 per column)`` (host); ``V`` of shape ``(p, k)``."""
+        xp = self.xp
+        T = self.matmul(V)
+        return to_host(xp.matrix_transpose(self.X) @ T), to_host(xp.sum(T * T, axis=0))
+
+    def gram_matrix(self, Y=None, B=None):
+        """``X.T @ X`` (host); given ``Y`` and ``B``, also the plain gradient at ``B`` (kept for
+        :meth:`first_gradient`)."""
+        G = to_host(self.xp.matrix_transpose(self.X) @ self.X)
+        if Y is not None:
+            self._first = (Y, B, self.residual_gradient(Y, B, accuracy="fast"))
+        return G
+
+    def first_gradient(self, Y, B):
+        """The gradient :meth:`gram_matrix` computed for ``Y``, ``B``, or None."""
+        if self._first is None or self._first[0] is not Y or self._first[1] is not B:
+            return None
+        return self._first[2]
+
+    def residual_gradient(self, Y, B, accuracy="exact"):
+        """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)`` on the host; ``accuracy`` as for
+        :meth:`rsketch.linalg._design.Design.residual_gradient`."""
+        xp = self.xp
+        if accuracy == "fast":
+            T = Y - self.matmul(B)
+            return to_host(xp.matrix_transpose(self.X) @ T), to_host(xp.sum(T * T, axis=0))
+        if array_library(self.X) == "cupy":
+            from rsketch.kernels.cuda import kernels as device_kernels
+
+            n, p = self.shape
+            cupy = device_kernels.array_module(self.X)
+            X, Y = cupy.ascontiguousarray(self.X), cupy.ascontiguousarray(Y)
+            g, nrm = device_kernels.residual_gradient(X, Y, B, device_chunks(n, p, Y.shape[1]), accuracy)
+            return to_host(g), to_host(nrm)
+        return self._host_blocks_gradient(Y, B, accuracy)
+
+    def _host_blocks_gradient(self, Y, B, accuracy):
+        # A host library: its row blocks through the CPU kernel, the blocks' partials in double-double.
+        n, p = self.shape
+        rows = max(1, _BLOCK_ENTRIES // max(1, p))
+        B = np.ascontiguousarray(B, dtype=np.float64)
+        hi = np.zeros((p, B.shape[1]))
+        lo = np.zeros_like(hi)
+        nrm = np.zeros(B.shape[1])
+        for a in range(0, n, rows):
+            b = min(n, a + rows)
+            Xb = np.ascontiguousarray(to_host(self.X[a:b, :]))
+            Yb = np.ascontiguousarray(to_host(Y[a:b, :]))
+            part, part_nrm = cpu.residual_gradient(Xb, Yb, B, cpu.n_chunks(Xb.shape[0]), accuracy)
+            hi, err = two_sum(hi, part)
+            lo += err
+            nrm += part_nrm
+        return hi + lo, nrm

@@ -1,0 +1,133 @@
+"""Solvers on arrays of another array-API library: ``array_api_strict`` stands in for CuPy on a CPU.
+
+``array_api_strict`` implements only the standard (no NumPy functions, no implicit conversion), so a
+solver that runs on it keeps its ``n``-sized work in the input's namespace, as it must for CuPy. The
+CUDA kernel of the careful gradient is checked against the CPU's in ``test_cuda_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rsketch
+from rsketch.kernels import cpu
+from rsketch.linalg import _array_design
+from rsketch.linalg._array_design import ArrayDesign
+from rsketch.linalg._backward_error import backward_error
+from rsketch.linalg.problems import stability_problem
+
+xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+U = np.finfo(np.float64).eps / 2
+
+
+def host(a):
+    return np.from_dlpack(a)
+
+
+def strict_problem(n=3000, p=20, k=None, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, p))
+    y = X @ rng.standard_normal((p,) if k is None else (p, k)) + 0.1 * rng.standard_normal(
+        (n,) if k is None else (n, k)
+    )
+    return X, y
+
+
+@pytest.mark.parametrize("method", ["precondition", "sketch_and_solve", "ihs"])
+@pytest.mark.parametrize("sketch", ["sparse_sign", "gaussian", "srht", "countsketch", "uniform", "leverage"])
+def test_lstsq_on_strict_arrays_is_the_numpy_answer(method, sketch):
+    X, y = strict_problem()
+    res = rsketch.lstsq(xps.asarray(X), xps.asarray(y), method=method, sketch=sketch, seed=1)
+    ref = rsketch.lstsq(X, y, method=method, sketch=sketch, seed=1)
+    assert type(res.coef).__module__.startswith("array_api_strict")
+    assert res.coef.shape == ref.coef.shape
+    # The same sketch; products in another order (BLAS here, the fused kernels there).
+    np.testing.assert_allclose(host(res.coef), ref.coef, rtol=0, atol=1e-13)
+    assert res.converged == ref.converged
+    assert res.rank == ref.rank and res.sketch_size == ref.sketch_size
+    assert abs(res.residual_norm - ref.residual_norm) <= 1e-12 * ref.residual_norm
+
+
+@pytest.mark.parametrize("inner_solver", ["cg", "gram"])
+@pytest.mark.parametrize("kappa", [1e4, 1e10])
+def test_precondition_on_strict_arrays_is_backward_stable(kappa, inner_solver):
+    P = stability_problem(4000, 30, kappa=kappa, residual_norm=1e-6, n_rhs=2, seed=3)
+    res = rsketch.lstsq(xps.asarray(P.X), xps.asarray(P.y), seed=2, inner_solver=inner_solver)
+    assert res.converged
+    assert np.max(backward_error(P.X, P.y, host(res.coef))) <= 10 * U
+
+
+def test_scaled_data_on_strict_arrays():
+    # Entries near 1e200 and 1e-100: powers-of-two scaling in the namespace (no ldexp there).
+    X, y = strict_problem(k=2)
+    Xs, ys = X * 1e200, y * np.array([1e-100, 1e250])
+    res = rsketch.lstsq(xps.asarray(Xs), xps.asarray(ys), seed=4)
+    ref = rsketch.lstsq(Xs, ys, seed=4)
+    assert res.converged
+    np.testing.assert_allclose(host(res.coef), ref.coef, rtol=1e-12)
+
+
+def test_careful_gradient_blocks_sum_in_double_double(monkeypatch):
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((1000, 7))
+    B = rng.standard_normal((7, 2))
+    Y = X @ B + 1e-10 * rng.standard_normal((1000, 2))
+    one = ArrayDesign(xps.asarray(X)).residual_gradient(xps.asarray(Y), B, accuracy="exact")
+    # One block: the CPU kernel itself, bit for bit.
+    ref = cpu.residual_gradient(X, Y, B, cpu.n_chunks(1000), "exact")
+    np.testing.assert_array_equal(one[0], ref[0])
+    np.testing.assert_array_equal(one[1], ref[1])
+    monkeypatch.setattr(_array_design, "_BLOCK_ENTRIES", 7 * 128)  # eight blocks
+    blocks = ArrayDesign(xps.asarray(X)).residual_gradient(xps.asarray(Y), B, accuracy="exact")
+    # Each block's partial is rounded once (u of itself); their sum is exact but for its last rounding.
+    parts = [
+        cpu.residual_gradient(X[a : a + 128], Y[a : a + 128], B, 1, "exact")[0] for a in range(0, 1000, 128)
+    ]
+    bound = U * (sum(np.abs(g) for g in parts) + 2 * np.abs(ref[0]))
+    assert np.all(np.abs(blocks[0] - ref[0]) <= bound)
+    np.testing.assert_allclose(blocks[1], ref[1], rtol=1e-14)
+
+
+def test_fast_products_match_the_numpy_design():
+    from rsketch.linalg._design import Design
+
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((500, 6))
+    V = rng.standard_normal((6, 3))
+    ours, theirs = ArrayDesign(xps.asarray(X)), Design(X)
+    for a, b in zip(ours.gram(V), theirs.gram(V), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+    np.testing.assert_allclose(ours.gram_matrix(), theirs.gram_matrix(), rtol=1e-13)
+    np.testing.assert_allclose(host(ours.matmul(V)), theirs.matmul(V), rtol=1e-13)
+
+
+def test_bad_strict_input_is_named():
+    X, y = strict_problem(n=100, p=3)
+    Xn = X.copy()
+    Xn[7, 1] = np.nan
+    with pytest.raises(ValueError, match="X"):
+        rsketch.lstsq(xps.asarray(Xn), xps.asarray(y))
+    yn = y.copy()
+    yn[3] = np.inf
+    with pytest.raises(ValueError, match="y"):
+        rsketch.lstsq(xps.asarray(X), xps.asarray(yn))
+    with pytest.raises(TypeError, match="y must be an array of X's library"):
+        rsketch.lstsq(xps.asarray(X), y)
+    with pytest.raises(TypeError, match="real"):
+        rsketch.lstsq(xps.asarray(X.astype(np.complex128)), xps.asarray(y))
+    with pytest.raises(ValueError, match="2-D"):
+        rsketch.lstsq(xps.asarray(y), xps.asarray(y))
+    with pytest.raises(ValueError, match="n >= p"):
+        rsketch.lstsq(xps.asarray(X[:2]), xps.asarray(y[:2]))
+    with pytest.raises(ValueError, match=r"shape \(100,\)"):
+        rsketch.lstsq(xps.asarray(X), xps.asarray(y[:50]))
+
+
+def test_integer_and_float32_strict_input_is_solved_in_float64():
+    X, y = strict_problem(n=400, p=4)
+    Xi = np.round(10 * X).astype(np.int64)
+    res = rsketch.lstsq(xps.asarray(Xi), xps.asarray(y.astype(np.float32)), seed=0)
+    assert res.coef.dtype == xps.float64
+    ref = np.linalg.lstsq(Xi.astype(np.float64), y.astype(np.float32).astype(np.float64), rcond=None)[0]
+    np.testing.assert_allclose(host(res.coef), ref, rtol=1e-12)

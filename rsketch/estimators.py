@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import numbers
 
+import array_api_compat
 import numpy as np
 import scipy.sparse as sp
+import sklearn
+from array_api_compat import device
 from scipy.sparse.linalg import LinearOperator
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, RegressorMixin, TransformerMixin
 from sklearn.utils.extmath import svd_flip
 from sklearn.utils.sparsefuncs import mean_variance_axis
 from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data
 
+from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import default_sketch_size, lstsq, nystrom_pcg, svd
@@ -27,6 +31,37 @@ NYSTROM_MIN_FEATURES = 2000
 # Relative residual of the CG on X.T X + alpha I: the coefficients' error is about cond(X.T X + alpha I)
 # times this, and the preconditioned CG needs ~2 sqrt(kappa_P) more iterations per factor of 10.
 NYSTROM_TOL = 1e-14
+
+
+def _require_dispatch(X, method):
+    if not sklearn.get_config()["array_api_dispatch"]:
+        library = type(X).__module__.split(".")[0]
+        raise TypeError(
+            f"X is a {library} array: {method} on it runs on its device under scikit-learn's array API "
+            "dispatch; enable it with sklearn.set_config(array_api_dispatch=True) (or within "
+            "sklearn.config_context(array_api_dispatch=True)), or pass a NumPy array to compute on the CPU"
+        )
+
+
+def _follow(a, X):
+    """``a`` (``y``, ``sample_weight``) moved to ``X``'s library and device, as scikit-learn does it."""
+    if a is None or sp.issparse(a):
+        return a
+    xp = array_api_compat.array_namespace(X)
+    if array_api_compat.is_array_api_obj(a) and array_api_compat.array_namespace(a) is xp:
+        return a
+    return like(np.asarray(to_host(a)), X)
+
+
+def _outer(a, b):
+    """``numpy.multiply.outer`` for a vector ``a`` and a scalar or vector ``b``, in their library."""
+    return a * b if b.ndim == 0 else a[:, None] * b[None, :]
+
+
+def _library_and_device(a):
+    if not is_non_numpy_array(a):
+        return "numpy", "cpu"
+    return type(a).__module__.split(".")[0], str(device(a))
 
 
 def _is_wide(n, p):
@@ -72,31 +107,22 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         alpha = self._alpha()
         if is_dask_array(X) or is_dask_array(y):
             return self._fit_dask(X, y, sample_weight, alpha)
-        X, y = validate_data(
-            self,
-            X,
-            y,
-            accept_sparse=("csr", "csc", "coo"),
-            dtype=[np.float64, np.float32],
-            y_numeric=True,
-            multi_output=True,
-        )
-        X = X.astype(np.float64, copy=False)
-        y = np.asarray(y, dtype=np.float64)
+        X, y, w = self._validate_fit_input(X, y, sample_weight)
+        # NumPy's namespace, or the device library's (under scikit-learn's array API dispatch).
+        xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
         n, p = X.shape
-        w = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
         if alpha > 0 and self.method == "precondition" and _is_wide(n, p):
             return self._fit_nystrom(X, y, w, alpha)
-        sw = np.sqrt(w)
+        sw = xp.sqrt(w)
         intercept_col = False
         if self.fit_intercept and not sp.issparse(X):
-            wsum = w.sum()
-            x_mean = (w @ X) / wsum if wsum > 0 else np.zeros(p)
-            y_mean = (w @ y) / wsum if wsum > 0 else np.zeros(y.shape[1:])
+            wsum = float(xp.sum(w))
+            x_mean = (w @ X) / wsum if wsum > 0 else like(np.zeros(p), y)
+            y_mean = (w @ y) / wsum if wsum > 0 else like(np.zeros(y.shape[1:]), y)
             A = (X - x_mean) * sw[:, None]
         else:
-            x_mean = np.zeros(p)
-            y_mean = np.zeros(y.shape[1:])
+            x_mean = like(np.zeros(p), y)
+            y_mean = like(np.zeros(y.shape[1:]), y)
             if self.fit_intercept:
                 # Centering would fill a sparse X: add an unpenalised column of ones instead.
                 X = sp.hstack([X, sp.csr_matrix(np.ones((n, 1)))], format="csr")
@@ -108,8 +134,11 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             pen = np.sqrt(alpha) * np.eye(q)
             if intercept_col:
                 pen[-1, -1] = 0.0
-            A = sp.vstack([A, sp.csr_matrix(pen)], format="csr") if sp.issparse(A) else np.vstack([A, pen])
-            b = np.concatenate([b, np.zeros((q,) + b.shape[1:])])
+            if sp.issparse(A):
+                A = sp.vstack([A, sp.csr_matrix(pen)], format="csr")
+            else:
+                A = xp.concat([A, like(pen, A)], axis=0)
+            b = xp.concat([b, like(np.zeros((q,) + tuple(b.shape[1:])), b)], axis=0)
         m = A.shape[0]
         r = (
             self.sketch_size
@@ -118,9 +147,10 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         )
         if r >= n or m < q:
             # Tiny data: a sketch as large as the data saves nothing. Solve directly (minimum norm,
-            # singular values below 8 u s_max dropped: the rank rule of rsketch.lstsq).
-            Ad = A.toarray() if sp.issparse(A) else A
-            coef = np.linalg.lstsq(Ad, b, rcond=RANK_CUTOFF * np.finfo(np.float64).eps / 2)[0]
+            # singular values below 8 u s_max dropped: the rank rule of rsketch.lstsq), on the host.
+            Ad = A.toarray() if sp.issparse(A) else to_host(A)
+            rcond = RANK_CUTOFF * np.finfo(np.float64).eps / 2
+            coef = like(np.linalg.lstsq(Ad, to_host(b), rcond=rcond)[0], b)
             self.n_iter_ = 0
             self.solver_ = "direct"
         else:
@@ -132,30 +162,66 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             intercept = coef[-1]
             coef = coef[:-1]
         else:
-            intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
-        self.coef_ = coef.T if coef.ndim == 2 else coef
-        self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
+            intercept = y_mean - x_mean @ coef if self.fit_intercept else like(np.zeros(y.shape[1:]), y)
+        self._set_coefficients(coef, intercept)
         return self
+
+    def _validate_fit_input(self, X, y, sample_weight):
+        """``(X, y, w)`` checked, float64. Arrays of another library (CuPy) stay in it under scikit-learn's
+        array API dispatch, ``y`` and ``sample_weight`` moved to ``X``'s namespace and device as scikit-learn
+        does; without dispatch they get a ``TypeError`` saying how to proceed."""
+        device_input = is_non_numpy_array(X)
+        if device_input:
+            _require_dispatch(X, "fit")
+            y, sample_weight = (_follow(a, X) for a in (y, sample_weight))
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            accept_sparse=False if device_input else ("csr", "csc", "coo"),
+            dtype=None if device_input else [np.float64, np.float32],
+            y_numeric=True,
+            multi_output=True,
+        )
+        if sp.issparse(X):
+            X, y = X.astype(np.float64, copy=False), np.asarray(y, dtype=np.float64)
+        else:
+            xp = array_api_compat.array_namespace(X)
+            X = xp.astype(X, xp.float64) if X.dtype != xp.float64 else X
+            y = xp.astype(y, xp.float64) if y.dtype != xp.float64 else y
+        w = _check_sample_weight(sample_weight, X, dtype=X.dtype, ensure_non_negative=True)
+        return X, y, w
+
+    def _set_coefficients(self, coef, intercept):
+        self.coef_ = coef.T if coef.ndim == 2 else coef
+        if is_non_numpy_array(intercept):
+            self.intercept_ = intercept  # a 0-d or (n_targets,) array of the device, as scikit-learn's
+        else:
+            self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
 
     def _fit_nystrom(self, X, y, w, alpha):
         """Ridge on a wide design: ``(Xc.T W Xc + alpha I) coef = Xc.T W yc`` by Nyström-preconditioned CG
         (:func:`rsketch.linalg.nystrom_pcg`), with ``Xc.T W Xc`` an operator (two products with ``X`` per
-        column; centring and weights inside the products, so a sparse ``X`` stays sparse)."""
+        column; centring and weights inside the products, so a sparse ``X`` stays sparse).
+        The ``n``-sized work stays in ``X``'s library (the products); the ``p``-sized CG runs on the host."""
         p = X.shape[1]
-        sw = np.sqrt(w)
-        wsum = w.sum()
+        xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
+        sw = xp.sqrt(w)
+        wsum = float(xp.sum(w))
         if self.fit_intercept and wsum > 0:
-            x_mean = np.asarray(X.T @ w).ravel() / wsum
-            y_mean = (w @ y) / wsum
+            x_mean = to_host(xp.reshape(xp.asarray(X.T @ w), (-1,))) / wsum
+            y_mean = to_host(w @ y) / wsum
         else:
             x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
-        Xw = X if np.all(w == 1) else (sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None])
+        x_mean_here = like(x_mean, y)  # in X's library, for the products
+        Xw = X if bool(xp.all(w == 1)) else (sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None])
 
-        def xv(V):  # diag(sw) (X - 1 x_mean.T) V
-            return np.asarray(Xw @ V) - np.multiply.outer(sw, x_mean @ V)
+        def xv(V):  # diag(sw) (X - 1 x_mean.T) V, in X's library
+            V = like(np.asarray(V), y)
+            return xp.asarray(Xw @ V) - _outer(sw, x_mean_here @ V)
 
-        def xtu(U):  # (X - 1 x_mean.T).T diag(sw) U
-            return np.asarray(Xw.T @ U) - np.multiply.outer(x_mean, sw @ U)
+        def xtu(U):  # (X - 1 x_mean.T).T diag(sw) U, on the host
+            return to_host(xp.asarray(Xw.T @ U) - _outer(x_mean_here, sw @ U))
 
         def normal(V):
             return xtu(xv(V))
@@ -163,13 +229,14 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         gram = LinearOperator(
             (p, p), matvec=normal, rmatvec=normal, matmat=normal, rmatmat=normal, dtype=np.float64
         )
-        b = xtu((y - y_mean) * (sw[:, None] if y.ndim == 2 else sw))
+        b = xtu((y - like(y_mean, y)) * (sw[:, None] if y.ndim == 2 else sw))
         res = nystrom_pcg(gram, b, alpha, tol=NYSTROM_TOL, seed=self.random_state)
         coef = res.x
         intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
         self.n_iter_, self.solver_ = int(res.iterations), "nystrom_pcg"
-        self.coef_ = coef.T if coef.ndim == 2 else coef
-        self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
+        if is_non_numpy_array(y):  # the answer on X's device, as the other paths give it
+            coef, intercept = like(coef, y), like(np.asarray(intercept), y)
+        self._set_coefficients(coef, intercept)
         return self
 
     def predict(self, X):
@@ -193,8 +260,26 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
                     f"is expecting {self.n_features_in_} features as input"
                 )
             return X.astype(np.float64) @ self.coef_.T + self.intercept_
+        if is_non_numpy_array(X) or is_non_numpy_array(self.coef_):
+            return self._predict_array_api(X)
         X = validate_data(self, X, accept_sparse=("csr", "csc", "coo"), reset=False)
         return np.asarray(X @ self.coef_.T) + self.intercept_
+
+    def _predict_array_api(self, X):
+        # scikit-learn's rule (and message) for predict: X in the library and on the device of the fit.
+        fitted, given = _library_and_device(self.coef_), _library_and_device(X)
+        if fitted != given:
+            raise ValueError(
+                f"Inputs passed to {type(self).__name__}.predict() must use the same namespace and the same "
+                f"device as those passed to fit(): fitted on {fitted[0]} arrays (device {fitted[1]}), given "
+                f"{given[0]} input (device {given[1]}); pass X on the fit's device, or refit"
+            )
+        _require_dispatch(X, "predict")
+        X = validate_data(self, X, reset=False)
+        xp = array_api_compat.array_namespace(X)
+        X = xp.astype(X, xp.float64) if X.dtype != xp.float64 else X
+        coef = self.coef_ if self.coef_.ndim == 1 else xp.matrix_transpose(self.coef_)
+        return X @ coef + self.intercept_
 
     def _fit_dask(self, X, y, sample_weight, alpha):
         """``fit`` for a Dask ``X``: centring, weights and the ridge rows stay lazy, fused into each pass."""
@@ -243,6 +328,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
         tags.target_tags.multi_output = True
+        tags.array_api_support = True  # dense input of any array-API library, under array_api_dispatch
         return tags
 
 

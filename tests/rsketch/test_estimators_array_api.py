@@ -1,0 +1,130 @@
+"""The estimators under scikit-learn's array API dispatch, with ``array_api_strict`` standing in for CuPy.
+
+scikit-learn enables dispatch only when SciPy's own array API support is on (``SCIPY_ARRAY_API=1``, read
+when SciPy is first imported), so the tests marked ``dispatch`` run in a child process that sets it:
+:func:`test_dispatch_tests_pass_in_a_scipy_array_api_process` runs this file there. In the parent
+process they skip, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import sklearn
+from sklearn.utils.estimator_checks import check_estimator
+
+from rsketch import SketchedLinearRegression, SketchedRidge
+
+xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+CHILD = os.environ.get("SCIPY_ARRAY_API") == "1"
+dispatch = pytest.mark.skipif(not CHILD, reason="runs in the SCIPY_ARRAY_API=1 child process")
+ESTIMATORS = [
+    SketchedLinearRegression(random_state=0),
+    SketchedRidge(alpha=3.0, random_state=0),
+    SketchedLinearRegression(method="ihs", random_state=0),
+    SketchedRidge(alpha=3.0, method="sketch_and_solve", fit_intercept=False, random_state=0),
+]
+
+
+def host(a):
+    return np.from_dlpack(a)
+
+
+def data(n=3000, p=6, k=None, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, p)) + 2.0
+    shape = (p,) if k is None else (p, k)
+    y = X @ rng.standard_normal(shape) + 1.5 + 0.1 * rng.standard_normal((n,) if k is None else (n, k))
+    return X, y, rng.uniform(0.5, 2.0, n)
+
+
+@pytest.mark.skipif(CHILD, reason="this is the parent; the child runs the dispatch tests")
+@pytest.mark.slow
+def test_dispatch_tests_pass_in_a_scipy_array_api_process():
+    env = dict(os.environ, SCIPY_ARRAY_API="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", __file__]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+@dispatch
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: repr(e))
+def test_scikit_learn_array_api_checks(estimator):
+    # scikit-learn's own checks: array_api_strict on two devices and dtypes (CuPy and PyTorch where
+    # installed), y and sample_weight from another library moved to X's, predict on another refused.
+    results = check_estimator(estimator, on_fail=None)
+    ran = [r for r in results if "array_api" in r["check_name"] and r["status"] != "skipped"]
+    failed = [(r["check_name"], str(r["exception"])[:500]) for r in ran if r["status"] == "failed"]
+    assert not failed
+    assert len(ran) >= 4  # numpy, array_api_strict x 2 devices, same-namespace
+
+
+@dispatch
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: repr(e))
+@pytest.mark.parametrize("k", [None, 2])
+def test_fit_on_strict_arrays_is_the_numpy_fit(estimator, k):
+    X, y, w = data(k=k)
+    ref = sklearn.base.clone(estimator).fit(X, y, sample_weight=w)
+    # With two targets, y and sample_weight come as NumPy arrays: moved to X's library, as scikit-learn does.
+    y_in, w_in = (xps.asarray(y), xps.asarray(w)) if k is None else (y, w)
+    with sklearn.config_context(array_api_dispatch=True):
+        est = sklearn.base.clone(estimator).fit(xps.asarray(X), y_in, sample_weight=w_in)
+        pred = est.predict(xps.asarray(X[:50]))
+    assert type(est.coef_).__module__.startswith("array_api_strict")
+    assert type(pred).__module__.startswith("array_api_strict")
+    assert est.solver_ == ref.solver_
+    scale = np.abs(ref.coef_).max()
+    np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(host(est.intercept_), ref.intercept_, rtol=1e-12, atol=1e-12 * scale)
+    np.testing.assert_allclose(host(pred), ref.predict(X[:50]), rtol=1e-11)
+
+
+@dispatch
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_wide_ridge_runs_nystrom_pcg_on_strict_arrays(fit_intercept):
+    X, y, w = data(n=150, p=260, seed=1)
+    est = SketchedRidge(alpha=2.0, fit_intercept=fit_intercept, random_state=0)
+    ref = sklearn.base.clone(est).fit(X, y, sample_weight=w)
+    with sklearn.config_context(array_api_dispatch=True):
+        est.fit(xps.asarray(X), xps.asarray(y), sample_weight=xps.asarray(w))
+    assert est.solver_ == ref.solver_ == "nystrom_pcg"
+    assert type(est.coef_).__module__.startswith("array_api_strict")
+    np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=0, atol=1e-12 * np.abs(ref.coef_).max())
+    np.testing.assert_allclose(
+        host(est.intercept_), ref.intercept_, atol=1e-12 * abs(ref.intercept_) + 1e-300
+    )
+
+
+@dispatch
+def test_tiny_data_is_solved_directly_and_returned_on_the_device():
+    X, y, _ = data(n=30, p=4)
+    with sklearn.config_context(array_api_dispatch=True):
+        est = SketchedRidge(alpha=1.0).fit(xps.asarray(X), xps.asarray(y))
+    assert est.solver_ == "direct" and type(est.coef_).__module__.startswith("array_api_strict")
+    ref = SketchedRidge(alpha=1.0).fit(X, y)
+    np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=1e-12)
+
+
+@dispatch
+def test_predict_on_another_library_is_refused_as_scikit_learn_does():
+    X, y, _ = data()
+    with sklearn.config_context(array_api_dispatch=True):
+        est = SketchedLinearRegression(random_state=0).fit(xps.asarray(X), xps.asarray(y))
+        refused = r"SketchedLinearRegression.predict\(\) must use the same namespace"
+        with pytest.raises(ValueError, match=refused):
+            est.predict(X)
+    numpy_fit = SketchedLinearRegression(random_state=0).fit(X, y)
+    with sklearn.config_context(array_api_dispatch=True):
+        with pytest.raises(ValueError, match="same namespace"):
+            numpy_fit.predict(xps.asarray(X))
+
+
+def test_device_input_without_dispatch_says_how_to_enable_it():
+    X, y, _ = data(n=100, p=3)
+    with pytest.raises(TypeError, match=r"array_api_dispatch=True"):
+        SketchedLinearRegression().fit(xps.asarray(X), xps.asarray(y))

@@ -6,13 +6,15 @@ Peers, each measured in the same run on the same device:
   and product timed as a whole.
 
 Targets (issue 20): sparse sign and CountSketch ``S @ A`` within 2x one read pass; SRHT at least 5x faster
-than the dense Gaussian sketch. ``python -m benchmarks.gpu [--quick] [--no-record]`` runs it (on a machine
-with a GPU, through ``benchmarks/gpu_check.sh``) and records the table as the ``gpu`` area of
-``benchmarks/history`` and ``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
+than the dense Gaussian sketch; ``rsketch.lstsq`` at n = 4,000,000, p = 100 at least 3x faster than
+``cupy.linalg.lstsq``, with the accuracy contract met (:func:`run_lstsq`).
+``python -m benchmarks.gpu [--quick] [--no-record]`` runs both (on a machine with a GPU, through
+``benchmarks/gpu_check.sh``) and records the tables as the ``gpu`` area of ``benchmarks/history`` and
+``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
 GPU there is nothing to measure, and no figure is ever estimated.
 
-The measuring code takes a ``Device`` (array module, synchronisation, a name), so that
-:func:`run` also runs on the CPU with NumPy at small sizes: the tests check the report's logic there.
+The measuring code takes a ``Device`` (array module, synchronisation, a name), so that :func:`run` and
+:func:`run_lstsq` also run on the CPU with NumPy at small sizes: the tests check the reports' logic there.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 import rsketch
 from benchmarks._harness import Report, Target, append_results, machine_description, median_time
+from rsketch.linalg import backward_error
 
 SIZES = {"full": (4_000_000, 100, 2_000), "quick": (200_000, 100, 2_000)}
 KINDS = ("countsketch", "sparse_sign", "srht", "gaussian", "uniform", "srdct")
@@ -38,6 +41,7 @@ class Device:
     synchronize: object
     name: str
     standard_normal: object  # (shape, seed) -> array of xp
+    lstsq: object  # the library's own least-squares solver (cupy.linalg.lstsq): the peer of rsketch.lstsq
 
 
 def cuda_device() -> Device:
@@ -54,6 +58,7 @@ def cuda_device() -> Device:
         synchronize=lambda: cupy.cuda.Device().synchronize(),
         name=f"{name}, {props['totalGlobalMem'] / 2**30:.0f} GiB, CuPy {cupy.__version__}",
         standard_normal=lambda shape, seed: cupy.random.default_rng(seed).standard_normal(shape),
+        lstsq=cupy.linalg.lstsq,
     )
 
 
@@ -64,6 +69,7 @@ def host_device() -> Device:
         synchronize=lambda: None,
         name="NumPy on the host (logic check only)",
         standard_normal=lambda shape, seed: np.random.default_rng(seed).standard_normal(shape),
+        lstsq=np.linalg.lstsq,
     )
 
 
@@ -155,6 +161,67 @@ def run(quick: bool = False, device: Device | None = None, sizes=None) -> Report
     return report
 
 
+def lstsq_target(ratio: float, converged: bool, backward_error: float) -> Target:
+    """The issue's least-squares target: at least 3x the device library's ``lstsq``, accuracy contract met.
+
+    Examples
+    --------
+    >>> lstsq_target(3.2, True, 5e-16).met, lstsq_target(3.2, True, 2e-15).met
+    (True, False)
+    """
+    return Target(
+        "lstsq (precondition) at least 3x faster than the device library's lstsq, converged with a "
+        "backward error <= 10 u",
+        f"{ratio:.2f}x faster; converged={converged}, backward error {backward_error:.1e}",
+        bool(ratio >= 3.0 and converged and backward_error <= 10 * np.finfo(np.float64).eps / 2),
+    )
+
+
+def run_lstsq(quick: bool = False, device: Device | None = None, sizes=None) -> Report:
+    """Time ``rsketch.lstsq`` (defaults) against the device library's ``lstsq`` on one ``n x p`` problem.
+
+    The backward errors (Karlson-Walden, :func:`rsketch.linalg.backward_error`) are computed on the host from
+    copies of the data and of both answers.
+    """
+    from rsketch._backend import to_host
+
+    device = device or cuda_device()
+    xp, sync = device.xp, device.synchronize
+    n, p = sizes or (SIZES["quick" if quick else "full"][:2])
+    repeats = 3 if quick else 5
+    X = device.standard_normal((n, p), 0)
+    y = X @ xp.ones(p) + 0.1 * device.standard_normal((n,), 1)
+    sync()
+    answers = {}
+
+    def solve(name, fn):
+        def call():
+            answers[name] = fn()
+            sync()
+
+        return median_time(call, repeats=repeats, warmup=1)
+
+    times = {
+        "rsketch": solve("rsketch", lambda: rsketch.lstsq(X, y, seed=0)),
+        "peer": solve("peer", lambda: device.lstsq(X, y, rcond=None)[0]),
+    }
+    res = answers["rsketch"]
+    Xh, yh = to_host(X), to_host(y)
+    errors = {
+        "rsketch": float(backward_error(Xh, yh, to_host(res.coef))),
+        "peer": float(backward_error(Xh, yh, to_host(answers["peer"]))),
+    }
+    report = Report(f"GPU least squares: n={n:,}, p={p}, float64")
+    report.notes.append(f"Device: {device.name}.")
+    labels = {"rsketch": "rsketch.lstsq (precondition, defaults)", "peer": "the library's lstsq (SVD)"}
+    for name, t in times.items():
+        report.rows.append(
+            {"case": labels[name], "time_s": t, "speed-up": times["peer"] / t, "backward error": errors[name]}
+        )
+    report.targets.append(lstsq_target(times["peer"] / times["rsketch"], res.converged, errors["rsketch"]))
+    return report
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 200,000 instead of 4,000,000")
@@ -163,10 +230,11 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     print(machine_description(), flush=True)
-    report = run(quick=args.quick)
-    print(report.to_markdown(), flush=True)
+    reports = [run(quick=args.quick), run_lstsq(quick=args.quick)]
+    for report in reports:
+        print(report.to_markdown(), flush=True)
     if not args.no_record:
-        for path in append_results([report], quick=args.quick, areas=["gpu"]):
+        for path in append_results(reports, quick=args.quick, areas=["gpu"]):
             print(f"recorded in {path}")
     return 0
 

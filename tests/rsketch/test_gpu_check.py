@@ -36,6 +36,17 @@ def test_report_on_a_stand_in_device():
     assert "## gpu" in md and "SRHT S @ A at least 5x faster" in md
 
 
+def test_lstsq_report_on_a_stand_in_device():
+    report = gpu.run_lstsq(device=gpu.host_device(), sizes=(4000, 10))
+    assert [row["case"] for row in report.rows] == [
+        "rsketch.lstsq (precondition, defaults)",
+        "the library's lstsq (SVD)",
+    ]
+    assert all(row["time_s"] > 0 and row["backward error"] < 1e-15 for row in report.rows)
+    assert report.rows[1]["speed-up"] == pytest.approx(1.0)
+    assert len(report.targets) == 1 and "3x faster" in report.targets[0].description
+
+
 def test_targets_follow_the_ratios():
     times = {"read": 1.0, "countsketch": 2.0, "sparse_sign": 2.01, "srht": 1.0, "dense_gaussian": 4.99}
     met = [t.met for t in gpu.targets(times)]

@@ -130,3 +130,63 @@ def test_device_csr_product_matches_cpu(cp, kind):
         np.testing.assert_array_equal(cp.asnumpy(got), ref)
     else:
         assert np.linalg.norm(cp.asnumpy(got) - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
+# ------------------------------------------------------------------- solvers and estimators on the device
+@pytest.mark.parametrize("accuracy", ["exact", "compensated"])
+def test_careful_gradient_on_the_device_is_the_cpu_kernels_bits(cp, accuracy):
+    from rsketch.kernels.cuda import kernels as ck
+
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((50_000, 37))
+    B = rng.standard_normal((37, 2))
+    Y = np.ascontiguousarray(X @ B + 1e-9 * rng.standard_normal((50_000, 2)))
+    g, nrm = ck.residual_gradient(cp.asarray(X), cp.asarray(Y), B, 1000, accuracy)
+    ref = cpu.residual_gradient(X, Y, B, 1000, accuracy)
+    np.testing.assert_array_equal(cp.asnumpy(g), ref[0])
+    np.testing.assert_array_equal(cp.asnumpy(nrm), ref[1])
+
+
+@pytest.mark.parametrize("method", ["precondition", "sketch_and_solve", "ihs"])
+def test_lstsq_on_the_device_is_the_host_answer(cp, method):
+    from rsketch.linalg.problems import stability_problem
+
+    P = stability_problem(200_000, 40, kappa=1e8, residual_norm=1e-4, n_rhs=2, seed=1)
+    res = rsketch.lstsq(cp.asarray(P.X), cp.asarray(P.y), method=method, seed=3)
+    ref = rsketch.lstsq(P.X, P.y, method=method, seed=3)
+    assert isinstance(res.coef, cp.ndarray) and res.converged == ref.converged
+    be = rsketch.linalg.backward_error(P.X, P.y, cp.asnumpy(res.coef))
+    if method == "precondition":
+        assert res.converged and np.max(be) <= 10 * np.finfo(np.float64).eps / 2
+    else:
+        np.testing.assert_allclose(cp.asnumpy(res.coef), ref.coef, rtol=1e-6)
+
+
+def test_lstsq_mixing_device_and_host_is_a_type_error(cp):
+    with pytest.raises(TypeError, match="CuPy"):
+        rsketch.lstsq(cp.ones((100, 3)), np.ones(100))
+
+
+def test_estimators_fit_and_predict_on_the_device(cp):
+    import sklearn
+
+    if os.environ.get("SCIPY_ARRAY_API") != "1":  # scikit-learn's dispatch needs it (gpu_check.sh sets it)
+        message = "scikit-learn's array API dispatch needs SCIPY_ARRAY_API=1 set before SciPy is imported"
+        if os.environ.get("RSKETCH_REQUIRE_GPU") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((100_000, 20))
+    y = X @ rng.standard_normal(20) + 2.0 + 0.1 * rng.standard_normal(100_000)
+    for est in (
+        rsketch.SketchedLinearRegression(random_state=0),
+        rsketch.SketchedRidge(alpha=5.0, random_state=0),
+    ):
+        ref = sklearn.base.clone(est).fit(X, y)
+        with sklearn.config_context(array_api_dispatch=True):
+            est.fit(cp.asarray(X), cp.asarray(y))
+            pred = est.predict(cp.asarray(X[:100]))
+        assert isinstance(est.coef_, cp.ndarray) and isinstance(pred, cp.ndarray)
+        np.testing.assert_allclose(cp.asnumpy(est.coef_), ref.coef_, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(cp.asnumpy(pred), ref.predict(X[:100]), rtol=1e-10)

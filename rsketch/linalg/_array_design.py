@@ -31,15 +31,22 @@ _DEVICE_CHUNKS = 1 << 14
 _DEVICE_PARTIAL_ENTRIES = 1 << 22
 
 
-def _real_float64(a, name, xp):
+def checked_float64(a, name):
+    """``a`` (an array of another library) as float64 in its library, checked real and finite there.
+
+    Examples
+    --------
+    >>> import array_api_strict as xps
+    >>> checked_float64(xps.asarray([1, 2]), "y").dtype == xps.float64
+    True
+    """
+    xp = array_api_compat.array_namespace(a)
     if not (xp.isdtype(a.dtype, "real floating") or xp.isdtype(a.dtype, "integral")):
         raise TypeError(f"{name} must be a numeric (real) array; got dtype {a.dtype}")
-    return xp.astype(a, xp.float64) if a.dtype != xp.float64 else a
-
-
-def _check_finite(a, name, xp):
+    a = xp.astype(a, xp.float64) if a.dtype != xp.float64 else a
     if a.size and not bool(xp.all(xp.isfinite(a))):
         check_finite(to_host(a), name)  # the host check names the first bad entry
+    return a
 
 
 def validate_array_problem(X, y):
@@ -74,10 +81,8 @@ def validate_array_problem(X, y):
         )
     if y.ndim not in (1, 2) or y.shape[0] != n:
         raise ValueError(f"y must have shape ({n},) or ({n}, k) to match X of shape {X.shape}; got {y.shape}")
-    X = _real_float64(X, "X", xp)
-    Y = _real_float64(y, "y", xp)
-    _check_finite(X, "X", xp)
-    _check_finite(Y, "y", xp)
+    X = checked_float64(X, "X")
+    Y = checked_float64(y, "y")
     is_vector = y.ndim == 1
     return X, xp.reshape(Y, (n, -1)), is_vector
 

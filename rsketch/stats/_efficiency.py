@@ -33,6 +33,7 @@ import scipy.sparse as sp
 from scipy.special import ndtr, ndtri
 from tqdm.auto import tqdm
 
+from rsketch._backend import array_namespace, check_same_library, is_non_numpy_array, like, to_host
 from rsketch._validation import (
     EFFICIENCY_METHODS,
     check_allocation,
@@ -42,6 +43,7 @@ from rsketch._validation import (
     check_sketch_kind,
     seed_sequence,
 )
+from rsketch.linalg._array_design import checked_float64
 from rsketch.operators import make_sketch
 from rsketch.operators.factory import check_sketch_options
 
@@ -172,6 +174,15 @@ class EfficiencyResult:
 
 # --------------------------------------------------------------------------------------------- inputs
 def _check_design(X) -> np.ndarray:
+    if is_non_numpy_array(X):  # CuPy: checked, and kept, on its device
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D (n x p), got shape {X.shape}")
+        n, p = X.shape
+        if p < 1 or n <= p:
+            raise ValueError(
+                f"X must have more rows than columns and at least one column, got shape {X.shape}"
+            )
+        return checked_float64(X, "X")
     if sp.issparse(X):
         X = X.toarray()
     try:
@@ -191,6 +202,16 @@ def _check_design(X) -> np.ndarray:
     return X
 
 
+def _check_response(X, y, n):
+    """``y`` for a device ``X``: of ``X``'s library (else a ``TypeError``), of shape ``(n,)``, finite."""
+    check_same_library(X=X, y=y)
+    if not is_non_numpy_array(y) or array_namespace(y) is not array_namespace(X):
+        raise TypeError(f"y must be an array of X's library, on X's device; got {type(y).__name__}")
+    if tuple(y.shape) != (n,):
+        raise ValueError(f"y must have shape ({n},), got {tuple(y.shape)}")
+    return checked_float64(y, "y")
+
+
 def _check_positive(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a positive number, got {type(value).__name__} {value!r}")
@@ -201,9 +222,18 @@ def _check_positive(value, name: str) -> float:
 
 
 def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD ``X = U diag(s) Vt`` of a full-column-rank ``X``; raises ``ValueError`` if rank-deficient."""
-    U, s, Vt = scipy.linalg.svd(X, full_matrices=False, check_finite=False)
-    U = np.ascontiguousarray(U)  # row-major: the sparse kernels stream rows (10x faster than column-major)
+    """Thin SVD ``X = U diag(s) Vt`` of a full-column-rank ``X``; raises ``ValueError`` if rank-deficient.
+
+    For an ``X`` of another library (CuPy) ``U`` is computed and kept there; ``s`` and ``Vt`` are host arrays.
+    """
+    if is_non_numpy_array(X):  # on the device (cuSOLVER for CuPy); U stays there
+        U, s, Vt = array_namespace(X).linalg.svd(X, full_matrices=False)
+        s, Vt = to_host(s), to_host(Vt)
+    else:
+        U, s, Vt = scipy.linalg.svd(X, full_matrices=False, check_finite=False)
+        U = np.ascontiguousarray(
+            U
+        )  # row-major: the sparse kernels stream rows (10x faster than column-major)
     tol = s[0] * max(X.shape) * np.finfo(np.float64).eps if s.size and s[0] > 0 else 0.0
     if s.size == 0 or s[-1] <= tol:
         rank = int(np.sum(s > tol))
@@ -309,21 +339,39 @@ def _apply_wrapper(S, buffers):
 def _closed_form_draw(S, U, y_parts, buffers):
     """(pe, wc or nan, rank_deficient) for one sketch, by the closed form."""
     n, p = U.shape
-    op = _apply_wrapper(S, buffers)
-    B = U if y_parts is None else np.ascontiguousarray(np.column_stack([U, y_parts[0]]))
-    SB = op @ B
+    device = is_non_numpy_array(U)  # CuPy: both products on the device, the r x p SVD on the host
+    op = _Operator(S) if device else _apply_wrapper(S, buffers)
+    B = _basis_with_response(U, y_parts, buffers)
+    SB = to_host(op @ B)
     SU = SB[:, :p]
     Q, s, Wt = _small_svd(SU)
     if _is_rank_deficient(s, SU.shape, p):
         return math.nan, math.nan, True
-    T = op.adjoint(np.ascontiguousarray(Q))  # n x p: S^T Q
-    pe = float(np.einsum("ij,ij->j", T, T) @ (1.0 / s**2)) / p
+    T = op.adjoint(like(np.ascontiguousarray(Q), U))  # n x p: S^T Q
+    if device:
+        xp = array_namespace(T)
+        pe = float(to_host(xp.sum(T * T, axis=0)) @ (1.0 / s**2)) / p
+    else:
+        pe = float(np.einsum("ij,ij->j", T, T) @ (1.0 / s**2)) / p
     wc = math.nan
     if y_parts is not None:
         _, Uty, rss = y_parts
         coef = Wt.T @ ((Q.T @ SB[:, p]) / s)  # the sketched fit in U coordinates
         wc = 1.0 + float(np.sum((Uty - coef) ** 2)) / rss
     return pe, wc, False
+
+
+def _basis_with_response(U, y_parts, buffers):
+    """``[U, y]`` (or ``U``), built once per call and kept in ``buffers`` (an ``n x (p + 1)`` copy)."""
+    if y_parts is None:
+        return U
+    if buffers.get("basis_y") is None:
+        if is_non_numpy_array(U):
+            xp = array_namespace(U)
+            buffers["basis_y"] = xp.concat([U, xp.reshape(y_parts[0], (-1, 1))], axis=1)
+        else:
+            buffers["basis_y"] = np.ascontiguousarray(np.column_stack([U, y_parts[0]]))
+    return buffers["basis_y"]
 
 
 def _lstsq(Q, s, Wt, B):
@@ -383,6 +431,9 @@ def efficiency(
     ----------
     X : array of shape (n, p)
         The design, of full column rank with ``n > p`` (sparse input is densified: the SVD needs it).
+        A CuPy array (or one of another array-API library) stays on its device: its SVD and both
+        products of every draw run there, the ``r x p`` SVDs on the host (``docs/gpu.md``); then ``y``
+        must be on the same device, ``method`` must be ``"closed_form"`` and ``executor`` None.
     sketch : {"gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"}
         The sketch family; a fresh sketch is drawn for every draw. Draw ``i`` is the operator seeded with
         ``numpy.random.SeedSequence(seed).spawn(n_sketches)[i]``.
@@ -453,13 +504,24 @@ def efficiency(
     X = _check_design(X)
     n, p = X.shape
     r = _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options)
+    device = is_non_numpy_array(X)
+    if device and method != "closed_form":
+        raise ValueError(
+            "method='simulate' runs on NumPy input only (it validates the closed form with host random "
+            "noise); pass cupy.asnumpy(X), or use method='closed_form' on the device"
+        )
+    if device and executor is not None:
+        raise ValueError(
+            "executor is for NumPy input: a device X runs its draws on its device, one after another; "
+            "pass executor=None"
+        )
     sigma = _check_positive(sigma, "sigma")
     n_noise = check_int(n_noise, "n_noise", minimum=2)
     beta = np.zeros(p) if beta is None else check_real_vector(beta, p, "beta")
     if method == "simulate":
         _check_noise_scale(X, beta, sigma, n_noise)
     if y is not None:
-        y = check_real_vector(y, n, "y")
+        y = _check_response(X, y, n) if device else check_real_vector(y, n, "y")
     root = seed_sequence(seed)
 
     # Per draw: [U, y] and S^T Q (closed form), or the noise, fits and residuals (simulate), each n x width.
@@ -474,7 +536,10 @@ def efficiency(
     svd_x = orthonormal_basis(X)
     options = dict(sketch_options)
     if sketch == "leverage" and "scores" not in options:
-        options["scores"] = np.einsum("ij,ij->i", svd_x[0], svd_x[0])
+        U = svd_x[0]
+        options["scores"] = (
+            to_host(array_namespace(U).sum(U * U, axis=1)) if device else np.einsum("ij,ij->i", U, U)
+        )
     y_parts = _wc_parts(y, svd_x[0])
 
     draw = _Draws(sketch, r, options, method, svd_x, y_parts, X, y, beta, sigma, n_noise)
@@ -637,7 +702,12 @@ def _wc_parts(y, U):
     if y is None:
         return None
     Uty = U.T @ y
-    rss = float(np.sum((y - U @ Uty) ** 2))
+    if is_non_numpy_array(U):
+        xp = array_namespace(U)
+        rss = float(xp.sum((y - U @ Uty) ** 2))
+        Uty = to_host(Uty)
+    else:
+        rss = float(np.sum((y - U @ Uty) ** 2))
     if rss <= (np.finfo(np.float64).eps * U.shape[0]) ** 2 * float(y @ y) or rss == 0.0:
         raise ValueError("y lies in the column space of X: its OLS residual is zero, C_WC is undefined")
     return y, Uty, rss

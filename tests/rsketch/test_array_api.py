@@ -131,3 +131,40 @@ def test_integer_and_float32_strict_input_is_solved_in_float64():
     assert res.coef.dtype == xps.float64
     ref = np.linalg.lstsq(Xi.astype(np.float64), y.astype(np.float32).astype(np.float64), rcond=None)[0]
     np.testing.assert_allclose(host(res.coef), ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("sketch", ["gaussian", "srht", "countsketch", "sparse_sign", "uniform", "leverage"])
+def test_efficiency_on_strict_arrays_is_the_numpy_result(sketch):
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((2000, 10))
+    y = X @ np.ones(10) + rng.standard_normal(2000)
+    ours = rsketch.efficiency(
+        xps.asarray(X), y=xps.asarray(y), sketch=sketch, sketch_size=200, n_sketches=6, seed=0
+    )
+    ref = rsketch.efficiency(X, y=y, sketch=sketch, sketch_size=200, n_sketches=6, seed=0)
+    for measure in ("pe", "re", "wc"):
+        np.testing.assert_allclose(ours.draws(measure), ref.draws(measure), rtol=1e-13)
+    assert ours.n_rank_deficient == ref.n_rank_deficient == 0
+
+
+def test_efficiency_on_strict_arrays_refuses_what_it_cannot_do():
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((300, 4))
+    Xd = xps.asarray(X)
+    with pytest.raises(ValueError, match="simulate"):
+        rsketch.efficiency(Xd, sketch="srht", sketch_size=50, method="simulate")
+    with pytest.raises(ValueError, match="executor"):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            rsketch.efficiency(Xd, sketch="srht", sketch_size=50, executor=pool)
+    with pytest.raises(TypeError, match="y must be an array of X's library"):
+        rsketch.efficiency(Xd, y=np.ones(300), sketch="srht", sketch_size=50)
+    bad = X.copy()
+    bad[3, 2] = np.inf
+    with pytest.raises(ValueError, match="X"):
+        rsketch.efficiency(xps.asarray(bad), sketch="srht", sketch_size=50)
+    with pytest.raises(ValueError, match="full column rank"):
+        rsketch.efficiency(xps.asarray(np.column_stack([X, X[:, 0]])), sketch="srht", sketch_size=50)
+    with pytest.raises(ValueError, match="column space"):
+        rsketch.efficiency(Xd, y=xps.asarray(X[:, 0]), sketch="srht", sketch_size=50)

@@ -191,3 +191,16 @@ def test_estimators_fit_and_predict_on_the_device(cp):
         assert isinstance(est.coef_, cp.ndarray) and isinstance(pred, cp.ndarray)
         np.testing.assert_allclose(cp.asnumpy(est.coef_), ref.coef_, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(cp.asnumpy(pred), ref.predict(X[:100]), rtol=1e-10)
+
+
+def test_efficiency_on_the_device_is_the_host_result(cp):
+    rng = np.random.default_rng(10)
+    X = rng.standard_normal((100_000, 20))
+    y = X @ np.ones(20) + rng.standard_normal(100_000)
+    for sketch in ("sparse_sign", "srht", "gaussian", "leverage"):
+        ours = rsketch.efficiency(
+            cp.asarray(X), y=cp.asarray(y), sketch=sketch, sketch_size=1000, n_sketches=4, seed=0
+        )
+        ref = rsketch.efficiency(X, y=y, sketch=sketch, sketch_size=1000, n_sketches=4, seed=0)
+        for measure in ("pe", "re", "wc"):
+            np.testing.assert_allclose(ours.draws(measure), ref.draws(measure), rtol=1e-10)

@@ -3,6 +3,7 @@ randomized SVD (:func:`rsketch.svd`)."""
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import array_api_compat
@@ -583,15 +584,29 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         return check_int(self.n_components, "n_components", minimum=1, maximum=min(n, p))
 
     def _fit(self, X):
+        device_input = is_non_numpy_array(X)
+        if device_input:  # CuPy: fitted on its device, under scikit-learn's array API dispatch
+            _require_dispatch(X, "fit")
         X = validate_data(
-            self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], ensure_min_samples=2
+            self,
+            X,
+            accept_sparse=False if device_input else ("csr", "csc"),
+            dtype=None if device_input else [np.float64, np.float32],
+            ensure_min_samples=2,
         )
+        xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
+        if not xp.isdtype(X.dtype, "real floating"):
+            X = xp.astype(X, xp.float64)
         n, p = X.shape
         k = self._check_params(n, p)
         if sp.issparse(X):
             mean = np.asarray(X.mean(axis=0), dtype=X.dtype).ravel()
             total_var = float(mean_variance_axis(X, axis=0)[1].sum()) * n / (n - 1)
             A = _centred(X, mean)
+        elif device_input:
+            mean = xp.mean(X, axis=0)
+            A = X - mean
+            total_var = float(xp.sum(A * A, dtype=xp.float64)) / (n - 1)
         else:
             mean = X.mean(axis=0)
             A = X - mean
@@ -609,15 +624,15 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         )
         U, Vt = svd_flip(res.U, res.Vt, u_based_decision=False)
         s = res.s
-        ev = (s.astype(np.float64) ** 2) / (n - 1)
+        ev = xp.astype(s, xp.float64) ** 2 / (n - 1)
         self.mean_ = mean
         self.components_ = Vt
         self.singular_values_ = s
-        self.explained_variance_ = ev.astype(X.dtype)
-        ratio = ev / total_var if total_var > 0 else np.zeros_like(ev)
-        self.explained_variance_ratio_ = ratio.astype(X.dtype)
+        self.explained_variance_ = xp.astype(ev, X.dtype)
+        ratio = ev / total_var if total_var > 0 else xp.zeros_like(ev)
+        self.explained_variance_ratio_ = xp.astype(ratio, X.dtype)
         rest = min(n, p) - k
-        self.noise_variance_ = float(max(total_var - ev.sum(), 0.0) / rest) if rest > 0 else 0.0
+        self.noise_variance_ = float(max(total_var - float(xp.sum(ev)), 0.0) / rest) if rest > 0 else 0.0
         self.n_components_ = k
         self.n_samples_ = n
         return U, s
@@ -652,12 +667,13 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         """
         U, s = self._fit(X)
         if self.whiten:
-            return U * np.sqrt(self.n_samples_ - 1).astype(U.dtype)
+            return U * math.sqrt(self.n_samples_ - 1)  # a Python float: U's dtype is kept
         return U * s
 
     def _scale(self):
-        scale = np.sqrt(self.explained_variance_)
-        return np.maximum(scale, np.finfo(scale.dtype).eps)
+        xp = array_api_compat.array_namespace(self.explained_variance_)
+        scale = xp.sqrt(self.explained_variance_)
+        return xp.clip(scale, min=float(xp.finfo(scale.dtype).eps))
 
     def transform(self, X):
         """Project ``X`` onto the principal axes: ``(X - mean_) @ components_.T``.
@@ -671,9 +687,34 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         ndarray of shape (n_samples, n_components)
         """
         check_is_fitted(self)
-        X = validate_data(self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False)
-        Z = np.asarray(X @ self.components_.T) - self.mean_ @ self.components_.T
+        if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
+            X = self._check_device_input(X, "transform", reset=True)
+            xp = array_api_compat.array_namespace(X)
+            Ct = xp.matrix_transpose(self.components_)
+            Z = X @ Ct - self.mean_ @ Ct
+        else:
+            X = validate_data(
+                self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False
+            )
+            Z = np.asarray(X @ self.components_.T) - self.mean_ @ self.components_.T
         return Z / self._scale() if self.whiten else Z
+
+    def _check_device_input(self, X, method, reset):
+        """``X`` of the fit's library and device (scikit-learn's ``ValueError`` otherwise), checked."""
+        fitted, given = _library_and_device(self.components_), _library_and_device(X)
+        if fitted != given:
+            raise ValueError(
+                f"Inputs passed to {type(self).__name__}.{method}() must use the same namespace and the "
+                f"same device as those passed to fit(): fitted on {fitted[0]} arrays (device {fitted[1]}), "
+                f"given {given[0]} input (device {given[1]}); pass X on the fit's device, or refit"
+            )
+        _require_dispatch(X, method)
+        if reset:  # transform: the features seen in fit
+            X = validate_data(self, X, reset=False)
+        else:
+            X = check_array(X)
+        xp = array_api_compat.array_namespace(X)
+        return X if xp.isdtype(X.dtype, "real floating") else xp.astype(X, self.components_.dtype)
 
     def inverse_transform(self, X):
         """Map projections back to the data space: ``X @ components_ + mean_``.
@@ -687,7 +728,10 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         ndarray of shape (n_samples, n_features)
         """
         check_is_fitted(self)
-        X = check_array(X, dtype=[np.float64, np.float32])
+        if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
+            X = self._check_device_input(X, "inverse_transform", reset=False)
+        else:
+            X = check_array(X, dtype=[np.float64, np.float32])
         if X.shape[1] != self.n_components_:
             raise ValueError(f"X must have {self.n_components_} columns (n_components_), got shape {X.shape}")
         if self.whiten:
@@ -702,4 +746,5 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
         tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        tags.array_api_support = True  # dense input of any array-API library, under array_api_dispatch
         return tags

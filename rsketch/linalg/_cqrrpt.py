@@ -16,6 +16,8 @@ import scipy.linalg
 import scipy.linalg.blas
 import scipy.sparse as sp
 
+import rsketch.linalg._lowrank_array as array_lowrank
+from rsketch._backend import is_non_numpy_array
 from rsketch._validation import check_finite, check_int, check_operand, check_real, check_seed
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
@@ -99,6 +101,8 @@ def _check_tall(A):
         if A.shape[0] < A.shape[1]:
             raise ValueError(f"A must be tall (m >= n) for CQRRPT, got shape {A.shape}")
         return A
+    if is_non_numpy_array(A):
+        array_lowrank.refuse(A)
     if sp.issparse(A):
         raise TypeError("A must be a dense array for CQRRPT (it forms Q, an m x rank dense array)")
     # float32 kept, integers to float64; NaN/inf are found from the sketch and the Gram (both see

@@ -20,6 +20,8 @@ import scipy.sparse as sp
 import scipy.sparse.linalg
 from scipy.sparse.linalg import LinearOperator
 
+import rsketch.linalg._lowrank_array as array_lowrank
+from rsketch._backend import is_non_numpy_array, like, to_host
 from rsketch._validation import check_int, check_operand, check_option, check_real, check_seed, seed_sequence
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
@@ -155,13 +157,18 @@ class NystromResult:
 
 
 # ----------------------------------------------------------------------------------------- input
-def _check_matrix(A, name="A", dask=False):
+def _check_matrix(A, name="A", dask=False, device=False):
     """``A`` as a dense float32/float64 array, a CSR/CSC matrix or a LinearOperator; its dtype.
-    With ``dask``, a tall Dask array too (kept lazy, one column chunk)."""
+    With ``dask``, a tall Dask array too (kept lazy, one column chunk); with ``device``, an array of
+    another library (CuPy), kept on its device."""
     if is_dask_array(A):
         if not dask:
             raise TypeError(f"{name} is a Dask array: only range_finder, svd and qr_pivoted take one")
         return dask_lowrank.check_tall_dask(A, name)
+    if is_non_numpy_array(A):
+        if not device:
+            array_lowrank.refuse(A, name)
+        return array_lowrank.check_matrix(A, name)
     if isinstance(A, LinearOperator):
         dt = np.dtype(A.dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -382,7 +389,7 @@ def range_finder(
     >>> bool(np.linalg.norm(A - res.Q @ (res.Q.T @ A)) < 1e-10 * np.linalg.norm(A))
     True
     """
-    A, dtype = _check_matrix(A, dask=True)
+    A, dtype = _check_matrix(A, dask=True, device=True)
     return _find_range(
         A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed
     )
@@ -417,8 +424,10 @@ def _find_range(
         raise ValueError(f"method='block_krylov' needs an odd number of passes (2 q + 1), got {passes}")
     seeds = seed_sequence(seed).spawn(2)
     if tol is not None:
-        if is_dask_array(A):
-            raise ValueError("tol (the adaptive range finder) is not available for Dask input; give rank")
+        if is_dask_array(A) or is_non_numpy_array(A):
+            raise ValueError(
+                "tol (the adaptive range finder) is not available for Dask or device input; give rank"
+            )
         tol = check_real(tol, "tol")
         if not tol > 0:
             raise ValueError(f"tol must be > 0, got {tol}")
@@ -429,6 +438,8 @@ def _find_range(
         return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seeds[1]), n, dtype)
+    if is_non_numpy_array(A):
+        return _array_range(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, error_probes)
     Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes)
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
     return RangeFinderResult(Q, est, passes, method)
@@ -447,6 +458,32 @@ def _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, ke
         W = np.random.default_rng(seeds[1]).standard_normal((n, PROBES)).astype(dtype, copy=False)
         est = 10 * math.sqrt(2 / math.pi) * dask_lowrank.estimate_error(A, lambda W: Q @ (Q.T @ (A @ W)), W)
     return RangeFinderResult(Q, est, passes + (1 if error_probes else 0), method)
+
+
+def _array_range(A, width, passes, method, sketch, seed, dtype, keep, probes, error_probes):
+    """The range finder on an ``A`` of another library (:mod:`._lowrank_array`): the test block of
+    :func:`_basis`, the passes and QRs on ``A``'s device, ``Q`` there too."""
+    m, n = A.shape
+    if passes % 2:
+        Z = np.asarray(_draw(sketch, n, width, seed, dtype).to_dense().T, dtype=dtype)
+    else:  # orth(A.T S.T) on the device, brought back as the n x l test block
+        S = _draw(sketch, m, width, seed, dtype)
+        Z = to_host(array_lowrank.basis(_transpose(A), S.to_dense().T, 0, "subspace")[0])
+    rounds = (passes - 1) // 2
+    if method == "block_krylov":
+        rounds = min(rounds, min(m, n) // width - 1)  # the space cannot outgrow min(m, n)
+    W = None if probes is None else probes.W
+    Q, probes_AW = array_lowrank.basis(A, Z, rounds, method, keep, W)
+    if probes is not None:
+        probes.AW = probes_AW
+    est = None
+    if error_probes:
+        est = (
+            10
+            * math.sqrt(2 / math.pi)
+            * array_lowrank.probe_norms(probes_AW, Q @ (array_lowrank.transpose_of(Q) @ probes_AW))
+        )
+    return RangeFinderResult(Q, est, passes, method)
 
 
 def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None):
@@ -600,12 +637,16 @@ def svd(
     (True, True)
     """
     t0 = time.perf_counter()
-    A, dtype = _check_matrix(A, dask=True)
+    A, dtype = _check_matrix(A, dask=True, device=True)
     m, n = A.shape
     rank = _check_rank(rank, m, n)
     if is_dask_array(A):
         return _dask_svd(
             A, rank, sketch, oversample, passes, method, error_probes, flip_sign, seed, dtype, t0
+        )
+    if is_non_numpy_array(A):
+        return _array_svd(
+            A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0
         )
     check_seed(seed)
     keep, probes = [], None
@@ -704,6 +745,34 @@ def _dask_svd(A, rank, sketch, oversample, passes, method, error_probes, flip_si
     timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
     passes_used = found.passes + 1 + (1 if error_probes else 0)
     return SVDResult(U, s.astype(dtype, copy=False), Vt, est, passes_used, timings)
+
+
+def _array_svd(A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0):
+    """:func:`svd` of an ``A`` of another library: the steps of the in-memory path with the same
+    sketch and probes; ``U``, ``s`` and ``Vt`` returned on ``A``'s device."""
+    if tol is not None:
+        raise ValueError("tol (the adaptive range finder) is not available for device input; give rank")
+    keep, probes = [], None
+    if error_probes:
+        probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), A.shape[1], dtype)
+    found = _find_range(
+        A, dtype, rank, sketch, oversample, passes, method, None, 10, False, seed, keep, probes
+    )
+    t1 = time.perf_counter()
+    Ub, s, Vt = _wide_svd(array_lowrank.project(A, found.Q, keep))
+    k = min(rank, s.size)
+    U = found.Q @ like(np.ascontiguousarray(Ub[:, :k], dtype=dtype), A)
+    s, Vt = s[:k].astype(dtype, copy=False), Vt[:k].astype(dtype, copy=False)
+    if flip_sign:
+        U, Vt = array_lowrank.flip_signs(U, Vt)
+    t2 = time.perf_counter()
+    est = None
+    if error_probes:
+        approx = U @ like(s[:, None] * (Vt @ probes.W), A)
+        est = 10 * math.sqrt(2 / math.pi) * array_lowrank.probe_norms(probes.AW, approx)
+    t3 = time.perf_counter()
+    timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
+    return SVDResult(U, like(s, A), like(np.ascontiguousarray(Vt), A), est, found.passes + 1, timings)
 
 
 def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes=True, seed=None):

@@ -168,3 +168,58 @@ def test_efficiency_on_strict_arrays_refuses_what_it_cannot_do():
         rsketch.efficiency(xps.asarray(np.column_stack([X, X[:, 0]])), sketch="srht", sketch_size=50)
     with pytest.raises(ValueError, match="column space"):
         rsketch.efficiency(Xd, y=xps.asarray(X[:, 0]), sketch="srht", sketch_size=50)
+
+
+LOWRANK_CASES = [("block_krylov", 5), ("block_krylov", 3), ("subspace", 5), ("subspace", 4), ("subspace", 1)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(("method", "passes"), LOWRANK_CASES)
+def test_svd_on_strict_arrays_is_the_numpy_svd(method, passes, dtype):
+    rng = np.random.default_rng(9)
+    A = (
+        (rng.standard_normal((1500, 120)) * np.exp(-np.arange(120) / 8)) @ rng.standard_normal((120, 200))
+    ).astype(dtype)
+    ours = rsketch.svd(xps.asarray(A), 15, method=method, passes=passes, seed=1)
+    ref = rsketch.svd(A, 15, method=method, passes=passes, seed=1)
+    for name in ("U", "s", "Vt"):
+        got = getattr(ours, name)
+        assert type(got).__module__.startswith("array_api_strict") and got.dtype == xps.asarray(A).dtype
+    tol = 1e-12 if dtype == np.float64 else 2e-5  # the same sketch, products in another order
+    np.testing.assert_allclose(host(ours.s), ref.s, rtol=tol)
+    np.testing.assert_allclose(host(ours.U), ref.U, atol=tol)  # the same signs (svd_flip's rule)
+    np.testing.assert_allclose(host(ours.Vt), ref.Vt, atol=tol)
+    assert ours.passes == ref.passes
+    assert ours.error_estimate == pytest.approx(
+        ref.error_estimate, rel=1e-10 if dtype == np.float64 else 1e-4
+    )
+
+
+def test_range_finder_on_strict_arrays_is_the_numpy_basis():
+    rng = np.random.default_rng(10)
+    A = rng.standard_normal((800, 12)) @ rng.standard_normal((12, 300))  # rank 12
+    ours = rsketch.range_finder(xps.asarray(A), 12, oversample=3, seed=2)
+    ref = rsketch.range_finder(A, 12, oversample=3, seed=2)
+    Q = host(ours.Q)
+    np.testing.assert_allclose(Q.T @ Q, np.eye(15), atol=1e-13)
+    assert np.linalg.norm(A - Q @ (Q.T @ A)) <= 1e-12 * np.linalg.norm(A)  # exact recovery
+    np.testing.assert_allclose(Q @ Q.T, ref.Q @ ref.Q.T, atol=1e-12)
+    assert ours.passes == ref.passes
+    # A of rank 12: both estimates are rounding, far below ||A||.
+    assert max(ours.error_estimate, ref.error_estimate) <= 1e-12 * np.linalg.norm(A, 2)
+
+
+def test_lowrank_on_strict_arrays_says_what_it_cannot_do():
+    A = xps.asarray(np.random.default_rng(11).standard_normal((60, 20)))
+    with pytest.raises(ValueError, match="tol"):
+        rsketch.svd(A, 5, tol=1e-3)
+    with pytest.raises(TypeError, match="only range_finder and svd"):
+        rsketch.qr_pivoted(A)
+    with pytest.raises(TypeError, match="only range_finder and svd"):
+        rsketch.nystrom(xps.asarray(np.eye(20)), 5)
+    bad = np.ones((60, 20))
+    bad[5, 5] = np.nan
+    with pytest.raises(ValueError, match="A"):
+        rsketch.svd(xps.asarray(bad), 5)
+    with pytest.raises(ValueError, match="rank"):
+        rsketch.svd(A, 21)

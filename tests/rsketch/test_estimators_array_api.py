@@ -17,7 +17,7 @@ import pytest
 import sklearn
 from sklearn.utils.estimator_checks import check_estimator
 
-from rsketch import SketchedLinearRegression, SketchedRidge
+from rsketch import SketchedLinearRegression, SketchedPCA, SketchedRidge
 
 xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
 CHILD = os.environ.get("SCIPY_ARRAY_API") == "1"
@@ -28,6 +28,7 @@ ESTIMATORS = [
     SketchedLinearRegression(method="ihs", random_state=0),
     SketchedRidge(alpha=3.0, method="sketch_and_solve", fit_intercept=False, random_state=0),
 ]
+PCAS = [SketchedPCA(n_components=2, random_state=0), SketchedPCA(n_components=2, whiten=True, random_state=0)]
 
 
 def host(a):
@@ -53,7 +54,7 @@ def test_dispatch_tests_pass_in_a_scipy_array_api_process():
 
 
 @dispatch
-@pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: repr(e))
+@pytest.mark.parametrize("estimator", ESTIMATORS + PCAS, ids=lambda e: repr(e))
 def test_scikit_learn_array_api_checks(estimator):
     # scikit-learn's own checks: array_api_strict on two devices and dtypes (CuPy and PyTorch where
     # installed), y and sample_weight from another library moved to X's, predict on another refused.
@@ -98,6 +99,43 @@ def test_wide_ridge_runs_nystrom_pcg_on_strict_arrays(fit_intercept):
     np.testing.assert_allclose(
         host(est.intercept_), ref.intercept_, atol=1e-12 * abs(ref.intercept_) + 1e-300
     )
+
+
+@dispatch
+@pytest.mark.parametrize("whiten", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_pca_on_strict_arrays_is_the_numpy_pca(whiten, dtype):
+    rng = np.random.default_rng(2)
+    X = (rng.standard_normal((2000, 4)) @ rng.standard_normal((4, 40)) + 5.0).astype(dtype)
+    X += (0.01 * rng.standard_normal(X.shape)).astype(dtype)
+    est = SketchedPCA(n_components=4, whiten=whiten, random_state=0)
+    ref = sklearn.base.clone(est).fit(X)
+    with sklearn.config_context(array_api_dispatch=True):
+        est.fit(xps.asarray(X))
+        Z = est.transform(xps.asarray(X))
+        back = est.inverse_transform(Z)
+        F = sklearn.base.clone(est).fit_transform(xps.asarray(X))
+    tol = 1e-10 if dtype == np.float64 else 1e-3
+    for name in (
+        "components_",
+        "explained_variance_",
+        "explained_variance_ratio_",
+        "singular_values_",
+        "mean_",
+    ):
+        got = getattr(est, name)
+        assert type(got).__module__.startswith("array_api_strict") and got.dtype == xps.asarray(X).dtype
+        np.testing.assert_allclose(host(got), getattr(ref, name), rtol=tol, atol=tol)
+    assert est.noise_variance_ == pytest.approx(
+        ref.noise_variance_, rel=1e-6 if dtype == np.float64 else 1e-2
+    )
+    for got, want in (
+        (Z, ref.transform(X)),
+        (F, ref.fit_transform(X)),
+        (back, ref.inverse_transform(ref.transform(X))),
+    ):
+        assert type(got).__module__.startswith("array_api_strict")
+        np.testing.assert_allclose(host(got), want, rtol=tol, atol=tol * np.abs(want).max())
 
 
 @dispatch

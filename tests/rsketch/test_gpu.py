@@ -204,3 +204,39 @@ def test_efficiency_on_the_device_is_the_host_result(cp):
         ref = rsketch.efficiency(X, y=y, sketch=sketch, sketch_size=1000, n_sketches=4, seed=0)
         for measure in ("pe", "re", "wc"):
             np.testing.assert_allclose(ours.draws(measure), ref.draws(measure), rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_svd_on_the_device_is_the_host_svd(cp, dtype):
+    rng = np.random.default_rng(11)
+    A = (
+        (rng.standard_normal((100_000, 300)) * np.exp(-np.arange(300) / 15)) @ rng.standard_normal((300, 400))
+    ).astype(dtype)
+    ours = rsketch.svd(cp.asarray(A), 30, seed=1)
+    ref = rsketch.svd(A, 30, seed=1)
+    assert all(isinstance(getattr(ours, name), cp.ndarray) for name in ("U", "s", "Vt"))
+    tol = 1e-10 if dtype == "float64" else 1e-4
+    np.testing.assert_allclose(cp.asnumpy(ours.s), ref.s, rtol=tol)
+    np.testing.assert_allclose(cp.asnumpy(ours.Vt), ref.Vt, atol=tol)
+    assert ours.passes == ref.passes
+
+
+def test_pca_on_the_device(cp):
+    import sklearn
+
+    if os.environ.get("SCIPY_ARRAY_API") != "1":
+        message = "scikit-learn's array API dispatch needs SCIPY_ARRAY_API=1 set before SciPy is imported"
+        if os.environ.get("RSKETCH_REQUIRE_GPU") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    rng = np.random.default_rng(12)
+    X = rng.standard_normal((100_000, 5)) @ rng.standard_normal((5, 80)) + 0.01 * rng.standard_normal(
+        (100_000, 80)
+    )
+    ref = rsketch.SketchedPCA(n_components=5, random_state=0).fit(X)
+    with sklearn.config_context(array_api_dispatch=True):
+        pca = rsketch.SketchedPCA(n_components=5, random_state=0).fit(cp.asarray(X))
+        Z = pca.transform(cp.asarray(X[:100]))
+    assert isinstance(pca.components_, cp.ndarray) and isinstance(Z, cp.ndarray)
+    np.testing.assert_allclose(cp.asnumpy(pca.components_), ref.components_, atol=1e-8)
+    np.testing.assert_allclose(cp.asnumpy(Z), ref.transform(X[:100]), atol=1e-7)

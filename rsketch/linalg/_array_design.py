@@ -87,6 +87,28 @@ def validate_array_problem(X, y):
     return X, xp.reshape(Y, (n, -1)), is_vector
 
 
+def leverage_scores(X) -> np.ndarray:
+    """Exact leverage scores (host) of an ``X`` of another library: its thin SVD on its device (cuSOLVER),
+    the squared row norms of ``U``'s first ``rank`` columns, with the rank rule of
+    :func:`rsketch.operators.sampling.exact_leverage`.
+
+    Examples
+    --------
+    >>> import numpy as np, array_api_strict as xps
+    >>> leverage_scores(xps.asarray(np.eye(3)[:, :2])).tolist()
+    [1.0, 1.0, 0.0]
+    """
+    xp = array_api_compat.array_namespace(X)
+    U, s, _ = xp.linalg.svd(X, full_matrices=False)
+    s = to_host(s)
+    rank = int(np.sum(s > s[0] * max(X.shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
+    if rank == 0:
+        raise ValueError(
+            "A is zero (rank 0): its leverage scores are undefined; pass scores=... or use uniform sampling"
+        )
+    return to_host(xp.sum(U[:, :rank] ** 2, axis=1))
+
+
 def device_chunks(n: int, p: int, k: int) -> int:
     """Row chunks of the device's careful gradient: a function of the shape only (reproducible).
 

@@ -14,9 +14,9 @@ from rsketch._validation import LSTSQ_METHODS, check_finite, check_int, check_op
 from rsketch.dask._design import DaskDesign, validate_dask_problem
 from rsketch.dask._leverage import leverage_sampling
 from rsketch.dask._sketch import is_dask_array
-from rsketch.linalg._array_design import ArrayDesign, validate_array_problem
+from rsketch.linalg._array_design import ArrayDesign, leverage_scores, validate_array_problem
 from rsketch.linalg._design import Design
-from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
+from rsketch.operators import SKETCH_KINDS, LeverageSampling, SketchOperator, make_sketch
 
 # Default sketch size, as a multiple of p (capped at n; never below 2 p).
 SKETCH_FACTOR = {"sketch_and_solve": 20, "precondition": 40, "ihs": 10}
@@ -145,6 +145,8 @@ def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
     if kind == "leverage":
         if is_dask_array(X):  # approximate scores, in two passes over the chunks
             return leverage_sampling(X, r, seed=seed)
+        if is_non_numpy_array(X):  # exact scores from the SVD on X's device
+            return LeverageSampling.from_scores(leverage_scores(X), r, seed=seed)
         return make_sketch(kind, n, r, seed=seed, A=X)
     if kind == "sparse_sign" and method == "precondition":
         return make_sketch(kind, n, r, seed=seed, nnz_per_column=min(PRECONDITION_NNZ, r))

@@ -280,11 +280,29 @@ class LeverageSampling(_RowSampling):
         A2, _ = check_operand(A, None, "A")
         key = key_from_seed(seed)
         scores = exact_leverage(A2) if method == "exact" else approximate_leverage(A2, key)
+        return cls.from_scores(scores, sketch_size, seed=seed, dtype=dtype, uniform_mix=uniform_mix)
+
+    @classmethod
+    def from_scores(
+        cls, scores, sketch_size, *, seed=None, dtype=np.float64, uniform_mix=DEFAULT_UNIFORM_MIX
+    ):
+        """The operator :meth:`from_matrix` builds, given the scores it would compute (computed elsewhere:
+        on a GPU, or from chunks): the same seed gives the same sampled rows.
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> A = np.random.default_rng(1).standard_normal((500, 4))
+        >>> S = rsketch.LeverageSampling.from_scores(exact_leverage(A), 50, seed=3)
+        >>> bool((S.indices() == rsketch.LeverageSampling.from_matrix(A, 50, seed=3).indices()).all())
+        True
+        """
+        scores = np.asarray(scores, dtype=np.float64)
         return cls(
-            A2.shape[0],
+            scores.shape[0],
             sketch_size,
             scores=scores,
-            seed=np.random.SeedSequence(list(key)),
+            seed=np.random.SeedSequence(list(key_from_seed(seed))),
             dtype=dtype,
             uniform_mix=uniform_mix,
         )

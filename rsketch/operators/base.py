@@ -16,6 +16,7 @@ import warnings
 import array_api_compat
 import numpy as np
 import scipy.sparse as sp
+from array_api_compat import device as array_device
 from scipy.sparse.linalg import LinearOperator
 
 from rsketch._backend import array_namespace, is_device_sparse, numpy_namespace
@@ -241,12 +242,18 @@ class SketchOperator:
         if sp.issparse(A):
             return self._block_sum_sparse(A, self.reference_columns)
         xp = array_namespace(A)
-        out = xp.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
+        out = xp.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype, device=array_device(A))
         bs = self._block_size()
         for a in range(0, self.input_dim, bs):
             b = min(self.input_dim, a + bs)
-            out = out + xp.astype(self._reference_columns(a, b, xp), A.dtype) @ A[a:b, :]
+            out = out + self._columns_on(A, a, b, xp) @ A[a:b, :]
         return out
+
+    def _columns_on(self, A, a, b, xp):
+        """``S[:, a:b]`` in ``A``'s namespace, dtype and device (the portable path generates on the default
+        device; a GPU's array must not be combined with another device's)."""
+        cols = xp.astype(self._reference_columns(a, b, xp), A.dtype)
+        return array_api_compat.to_device(cols, array_device(A))
 
     def _apply_numpy(self, A):
         out = np.zeros((self.sketch_size, A.shape[1]), dtype=A.dtype)
@@ -297,7 +304,7 @@ class SketchOperator:
         xp = array_namespace(Z)
         bs = self._block_size()
         parts = [
-            xp.astype(self._reference_columns(a, min(self.input_dim, a + bs), xp), Z.dtype).T @ Z
+            self._columns_on(Z, a, min(self.input_dim, a + bs), xp).T @ Z
             for a in range(0, self.input_dim, bs)
         ]
         return xp.concat(parts, axis=0)

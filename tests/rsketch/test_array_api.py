@@ -21,6 +21,15 @@ xps = pytest.importorskip("array_api_strict", reason="install the test extra: ar
 U = np.finfo(np.float64).eps / 2
 
 
+# A second device of array_api_strict stands in for a GPU: its arrays refuse NumPy's implicit conversion
+# (np.asarray raises, as on CuPy) and any arithmetic with arrays of the default device.
+DEVICE = xps.Device("device1")
+
+
+def on_device(a, **kwargs):
+    return xps.asarray(a, device=DEVICE, **kwargs)
+
+
 def host(a):
     return np.from_dlpack(a)
 
@@ -38,9 +47,9 @@ def strict_problem(n=3000, p=20, k=None, seed=0):
 @pytest.mark.parametrize("sketch", ["sparse_sign", "gaussian", "srht", "countsketch", "uniform", "leverage"])
 def test_lstsq_on_strict_arrays_is_the_numpy_answer(method, sketch):
     X, y = strict_problem()
-    res = rsketch.lstsq(xps.asarray(X), xps.asarray(y), method=method, sketch=sketch, seed=1)
+    res = rsketch.lstsq(on_device(X), on_device(y), method=method, sketch=sketch, seed=1)
     ref = rsketch.lstsq(X, y, method=method, sketch=sketch, seed=1)
-    assert type(res.coef).__module__.startswith("array_api_strict")
+    assert type(res.coef).__module__.startswith("array_api_strict") and res.coef.device == DEVICE
     assert res.coef.shape == ref.coef.shape
     # The same sketch; products in another order (BLAS here, the fused kernels there).
     np.testing.assert_allclose(host(res.coef), ref.coef, rtol=0, atol=1e-13)
@@ -53,7 +62,7 @@ def test_lstsq_on_strict_arrays_is_the_numpy_answer(method, sketch):
 @pytest.mark.parametrize("kappa", [1e4, 1e10])
 def test_precondition_on_strict_arrays_is_backward_stable(kappa, inner_solver):
     P = stability_problem(4000, 30, kappa=kappa, residual_norm=1e-6, n_rhs=2, seed=3)
-    res = rsketch.lstsq(xps.asarray(P.X), xps.asarray(P.y), seed=2, inner_solver=inner_solver)
+    res = rsketch.lstsq(on_device(P.X), on_device(P.y), seed=2, inner_solver=inner_solver)
     assert res.converged
     assert np.max(backward_error(P.X, P.y, host(res.coef))) <= 10 * U
 
@@ -62,7 +71,7 @@ def test_scaled_data_on_strict_arrays():
     # Entries near 1e200 and 1e-100: powers-of-two scaling in the namespace (no ldexp there).
     X, y = strict_problem(k=2)
     Xs, ys = X * 1e200, y * np.array([1e-100, 1e250])
-    res = rsketch.lstsq(xps.asarray(Xs), xps.asarray(ys), seed=4)
+    res = rsketch.lstsq(on_device(Xs), on_device(ys), seed=4)
     ref = rsketch.lstsq(Xs, ys, seed=4)
     assert res.converged
     np.testing.assert_allclose(host(res.coef), ref.coef, rtol=1e-12)
@@ -73,13 +82,13 @@ def test_careful_gradient_blocks_sum_in_double_double(monkeypatch):
     X = rng.standard_normal((1000, 7))
     B = rng.standard_normal((7, 2))
     Y = X @ B + 1e-10 * rng.standard_normal((1000, 2))
-    one = ArrayDesign(xps.asarray(X)).residual_gradient(xps.asarray(Y), B, accuracy="exact")
+    one = ArrayDesign(on_device(X)).residual_gradient(on_device(Y), B, accuracy="exact")
     # One block: the CPU kernel itself, bit for bit.
     ref = cpu.residual_gradient(X, Y, B, cpu.n_chunks(1000), "exact")
     np.testing.assert_array_equal(one[0], ref[0])
     np.testing.assert_array_equal(one[1], ref[1])
     monkeypatch.setattr(_array_design, "_BLOCK_ENTRIES", 7 * 128)  # eight blocks
-    blocks = ArrayDesign(xps.asarray(X)).residual_gradient(xps.asarray(Y), B, accuracy="exact")
+    blocks = ArrayDesign(on_device(X)).residual_gradient(on_device(Y), B, accuracy="exact")
     # Each block's partial is rounded once (u of itself); their sum is exact but for its last rounding.
     parts = [
         cpu.residual_gradient(X[a : a + 128], Y[a : a + 128], B, 1, "exact")[0] for a in range(0, 1000, 128)
@@ -95,7 +104,7 @@ def test_fast_products_match_the_numpy_design():
     rng = np.random.default_rng(6)
     X = rng.standard_normal((500, 6))
     V = rng.standard_normal((6, 3))
-    ours, theirs = ArrayDesign(xps.asarray(X)), Design(X)
+    ours, theirs = ArrayDesign(on_device(X)), Design(X)
     for a, b in zip(ours.gram(V), theirs.gram(V), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-13)
     np.testing.assert_allclose(ours.gram_matrix(), theirs.gram_matrix(), rtol=1e-13)
@@ -107,27 +116,27 @@ def test_bad_strict_input_is_named():
     Xn = X.copy()
     Xn[7, 1] = np.nan
     with pytest.raises(ValueError, match="X"):
-        rsketch.lstsq(xps.asarray(Xn), xps.asarray(y))
+        rsketch.lstsq(on_device(Xn), on_device(y))
     yn = y.copy()
     yn[3] = np.inf
     with pytest.raises(ValueError, match="y"):
-        rsketch.lstsq(xps.asarray(X), xps.asarray(yn))
+        rsketch.lstsq(on_device(X), on_device(yn))
     with pytest.raises(TypeError, match="y must be an array of X's library"):
-        rsketch.lstsq(xps.asarray(X), y)
+        rsketch.lstsq(on_device(X), y)
     with pytest.raises(TypeError, match="real"):
-        rsketch.lstsq(xps.asarray(X.astype(np.complex128)), xps.asarray(y))
+        rsketch.lstsq(on_device(X.astype(np.complex128)), on_device(y))
     with pytest.raises(ValueError, match="2-D"):
-        rsketch.lstsq(xps.asarray(y), xps.asarray(y))
+        rsketch.lstsq(on_device(y), on_device(y))
     with pytest.raises(ValueError, match="n >= p"):
-        rsketch.lstsq(xps.asarray(X[:2]), xps.asarray(y[:2]))
+        rsketch.lstsq(on_device(X[:2]), on_device(y[:2]))
     with pytest.raises(ValueError, match=r"shape \(100,\)"):
-        rsketch.lstsq(xps.asarray(X), xps.asarray(y[:50]))
+        rsketch.lstsq(on_device(X), on_device(y[:50]))
 
 
 def test_integer_and_float32_strict_input_is_solved_in_float64():
     X, y = strict_problem(n=400, p=4)
     Xi = np.round(10 * X).astype(np.int64)
-    res = rsketch.lstsq(xps.asarray(Xi), xps.asarray(y.astype(np.float32)), seed=0)
+    res = rsketch.lstsq(on_device(Xi), on_device(y.astype(np.float32)), seed=0)
     assert res.coef.dtype == xps.float64
     ref = np.linalg.lstsq(Xi.astype(np.float64), y.astype(np.float32).astype(np.float64), rcond=None)[0]
     np.testing.assert_allclose(host(res.coef), ref, rtol=1e-12)
@@ -139,7 +148,7 @@ def test_efficiency_on_strict_arrays_is_the_numpy_result(sketch):
     X = rng.standard_normal((2000, 10))
     y = X @ np.ones(10) + rng.standard_normal(2000)
     ours = rsketch.efficiency(
-        xps.asarray(X), y=xps.asarray(y), sketch=sketch, sketch_size=200, n_sketches=6, seed=0
+        on_device(X), y=on_device(y), sketch=sketch, sketch_size=200, n_sketches=6, seed=0
     )
     ref = rsketch.efficiency(X, y=y, sketch=sketch, sketch_size=200, n_sketches=6, seed=0)
     for measure in ("pe", "re", "wc"):
@@ -150,7 +159,7 @@ def test_efficiency_on_strict_arrays_is_the_numpy_result(sketch):
 def test_efficiency_on_strict_arrays_refuses_what_it_cannot_do():
     rng = np.random.default_rng(8)
     X = rng.standard_normal((300, 4))
-    Xd = xps.asarray(X)
+    Xd = on_device(X)
     with pytest.raises(ValueError, match="simulate"):
         rsketch.efficiency(Xd, sketch="srht", sketch_size=50, method="simulate")
     with pytest.raises(ValueError, match="executor"):
@@ -163,11 +172,11 @@ def test_efficiency_on_strict_arrays_refuses_what_it_cannot_do():
     bad = X.copy()
     bad[3, 2] = np.inf
     with pytest.raises(ValueError, match="X"):
-        rsketch.efficiency(xps.asarray(bad), sketch="srht", sketch_size=50)
+        rsketch.efficiency(on_device(bad), sketch="srht", sketch_size=50)
     with pytest.raises(ValueError, match="full column rank"):
-        rsketch.efficiency(xps.asarray(np.column_stack([X, X[:, 0]])), sketch="srht", sketch_size=50)
+        rsketch.efficiency(on_device(np.column_stack([X, X[:, 0]])), sketch="srht", sketch_size=50)
     with pytest.raises(ValueError, match="column space"):
-        rsketch.efficiency(Xd, y=xps.asarray(X[:, 0]), sketch="srht", sketch_size=50)
+        rsketch.efficiency(Xd, y=on_device(X[:, 0]), sketch="srht", sketch_size=50)
 
 
 LOWRANK_CASES = [("block_krylov", 5), ("block_krylov", 3), ("subspace", 5), ("subspace", 4), ("subspace", 1)]
@@ -180,11 +189,12 @@ def test_svd_on_strict_arrays_is_the_numpy_svd(method, passes, dtype):
     A = (
         (rng.standard_normal((1500, 120)) * np.exp(-np.arange(120) / 8)) @ rng.standard_normal((120, 200))
     ).astype(dtype)
-    ours = rsketch.svd(xps.asarray(A), 15, method=method, passes=passes, seed=1)
+    ours = rsketch.svd(on_device(A), 15, method=method, passes=passes, seed=1)
     ref = rsketch.svd(A, 15, method=method, passes=passes, seed=1)
     for name in ("U", "s", "Vt"):
         got = getattr(ours, name)
-        assert type(got).__module__.startswith("array_api_strict") and got.dtype == xps.asarray(A).dtype
+        assert type(got).__module__.startswith("array_api_strict") and got.dtype == on_device(A).dtype
+        assert got.device == DEVICE
     tol = 1e-12 if dtype == np.float64 else 2e-5  # the same sketch, products in another order
     np.testing.assert_allclose(host(ours.s), ref.s, rtol=tol)
     np.testing.assert_allclose(host(ours.U), ref.U, atol=tol)  # the same signs (svd_flip's rule)
@@ -198,7 +208,7 @@ def test_svd_on_strict_arrays_is_the_numpy_svd(method, passes, dtype):
 def test_range_finder_on_strict_arrays_is_the_numpy_basis():
     rng = np.random.default_rng(10)
     A = rng.standard_normal((800, 12)) @ rng.standard_normal((12, 300))  # rank 12
-    ours = rsketch.range_finder(xps.asarray(A), 12, oversample=3, seed=2)
+    ours = rsketch.range_finder(on_device(A), 12, oversample=3, seed=2)
     ref = rsketch.range_finder(A, 12, oversample=3, seed=2)
     Q = host(ours.Q)
     np.testing.assert_allclose(Q.T @ Q, np.eye(15), atol=1e-13)
@@ -210,16 +220,16 @@ def test_range_finder_on_strict_arrays_is_the_numpy_basis():
 
 
 def test_lowrank_on_strict_arrays_says_what_it_cannot_do():
-    A = xps.asarray(np.random.default_rng(11).standard_normal((60, 20)))
+    A = on_device(np.random.default_rng(11).standard_normal((60, 20)))
     with pytest.raises(ValueError, match="tol"):
         rsketch.svd(A, 5, tol=1e-3)
     with pytest.raises(TypeError, match="only range_finder and svd"):
         rsketch.qr_pivoted(A)
     with pytest.raises(TypeError, match="only range_finder and svd"):
-        rsketch.nystrom(xps.asarray(np.eye(20)), 5)
+        rsketch.nystrom(on_device(np.eye(20)), 5)
     bad = np.ones((60, 20))
     bad[5, 5] = np.nan
     with pytest.raises(ValueError, match="A"):
-        rsketch.svd(xps.asarray(bad), 5)
+        rsketch.svd(on_device(bad), 5)
     with pytest.raises(ValueError, match="rank"):
         rsketch.svd(A, 21)

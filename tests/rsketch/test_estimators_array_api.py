@@ -31,6 +31,15 @@ ESTIMATORS = [
 PCAS = [SketchedPCA(n_components=2, random_state=0), SketchedPCA(n_components=2, whiten=True, random_state=0)]
 
 
+# A second device of array_api_strict stands in for a GPU: its arrays refuse NumPy's implicit conversion
+# (np.asarray raises, as on CuPy) and any arithmetic with arrays of the default device.
+DEVICE = xps.Device("device1")
+
+
+def on_device(a, **kwargs):
+    return xps.asarray(a, device=DEVICE, **kwargs)
+
+
 def host(a):
     return np.from_dlpack(a)
 
@@ -72,12 +81,12 @@ def test_fit_on_strict_arrays_is_the_numpy_fit(estimator, k):
     X, y, w = data(k=k)
     ref = sklearn.base.clone(estimator).fit(X, y, sample_weight=w)
     # With two targets, y and sample_weight come as NumPy arrays: moved to X's library, as scikit-learn does.
-    y_in, w_in = (xps.asarray(y), xps.asarray(w)) if k is None else (y, w)
+    y_in, w_in = (on_device(y), on_device(w)) if k is None else (y, w)
     with sklearn.config_context(array_api_dispatch=True):
-        est = sklearn.base.clone(estimator).fit(xps.asarray(X), y_in, sample_weight=w_in)
-        pred = est.predict(xps.asarray(X[:50]))
-    assert type(est.coef_).__module__.startswith("array_api_strict")
-    assert type(pred).__module__.startswith("array_api_strict")
+        est = sklearn.base.clone(estimator).fit(on_device(X), y_in, sample_weight=w_in)
+        pred = est.predict(on_device(X[:50]))
+    assert type(est.coef_).__module__.startswith("array_api_strict") and est.coef_.device == DEVICE
+    assert type(pred).__module__.startswith("array_api_strict") and pred.device == DEVICE
     assert est.solver_ == ref.solver_
     scale = np.abs(ref.coef_).max()
     np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=0, atol=1e-12 * scale)
@@ -92,7 +101,7 @@ def test_wide_ridge_runs_nystrom_pcg_on_strict_arrays(fit_intercept):
     est = SketchedRidge(alpha=2.0, fit_intercept=fit_intercept, random_state=0)
     ref = sklearn.base.clone(est).fit(X, y, sample_weight=w)
     with sklearn.config_context(array_api_dispatch=True):
-        est.fit(xps.asarray(X), xps.asarray(y), sample_weight=xps.asarray(w))
+        est.fit(on_device(X), on_device(y), sample_weight=on_device(w))
     assert est.solver_ == ref.solver_ == "nystrom_pcg"
     assert type(est.coef_).__module__.startswith("array_api_strict")
     np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=0, atol=1e-12 * np.abs(ref.coef_).max())
@@ -111,10 +120,10 @@ def test_pca_on_strict_arrays_is_the_numpy_pca(whiten, dtype):
     est = SketchedPCA(n_components=4, whiten=whiten, random_state=0)
     ref = sklearn.base.clone(est).fit(X)
     with sklearn.config_context(array_api_dispatch=True):
-        est.fit(xps.asarray(X))
-        Z = est.transform(xps.asarray(X))
+        est.fit(on_device(X))
+        Z = est.transform(on_device(X))
         back = est.inverse_transform(Z)
-        F = sklearn.base.clone(est).fit_transform(xps.asarray(X))
+        F = sklearn.base.clone(est).fit_transform(on_device(X))
     tol = 1e-10 if dtype == np.float64 else 1e-3
     for name in (
         "components_",
@@ -124,7 +133,7 @@ def test_pca_on_strict_arrays_is_the_numpy_pca(whiten, dtype):
         "mean_",
     ):
         got = getattr(est, name)
-        assert type(got).__module__.startswith("array_api_strict") and got.dtype == xps.asarray(X).dtype
+        assert type(got).__module__.startswith("array_api_strict") and got.dtype == on_device(X).dtype
         np.testing.assert_allclose(host(got), getattr(ref, name), rtol=tol, atol=tol)
     assert est.noise_variance_ == pytest.approx(
         ref.noise_variance_, rel=1e-6 if dtype == np.float64 else 1e-2
@@ -142,7 +151,7 @@ def test_pca_on_strict_arrays_is_the_numpy_pca(whiten, dtype):
 def test_tiny_data_is_solved_directly_and_returned_on_the_device():
     X, y, _ = data(n=30, p=4)
     with sklearn.config_context(array_api_dispatch=True):
-        est = SketchedRidge(alpha=1.0).fit(xps.asarray(X), xps.asarray(y))
+        est = SketchedRidge(alpha=1.0).fit(on_device(X), on_device(y))
     assert est.solver_ == "direct" and type(est.coef_).__module__.startswith("array_api_strict")
     ref = SketchedRidge(alpha=1.0).fit(X, y)
     np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=1e-12)
@@ -152,17 +161,17 @@ def test_tiny_data_is_solved_directly_and_returned_on_the_device():
 def test_predict_on_another_library_is_refused_as_scikit_learn_does():
     X, y, _ = data()
     with sklearn.config_context(array_api_dispatch=True):
-        est = SketchedLinearRegression(random_state=0).fit(xps.asarray(X), xps.asarray(y))
+        est = SketchedLinearRegression(random_state=0).fit(on_device(X), on_device(y))
         refused = r"SketchedLinearRegression.predict\(\) must use the same namespace"
         with pytest.raises(ValueError, match=refused):
             est.predict(X)
     numpy_fit = SketchedLinearRegression(random_state=0).fit(X, y)
     with sklearn.config_context(array_api_dispatch=True):
         with pytest.raises(ValueError, match="same namespace"):
-            numpy_fit.predict(xps.asarray(X))
+            numpy_fit.predict(on_device(X))
 
 
 def test_device_input_without_dispatch_says_how_to_enable_it():
     X, y, _ = data(n=100, p=3)
     with pytest.raises(TypeError, match=r"array_api_dispatch=True"):
-        SketchedLinearRegression().fit(xps.asarray(X), xps.asarray(y))
+        SketchedLinearRegression().fit(on_device(X), on_device(y))

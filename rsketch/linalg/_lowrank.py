@@ -351,6 +351,8 @@ def range_finder(
     Parameters
     ----------
     A : ndarray, sparse matrix or LinearOperator of shape (m, n)
+        A CuPy array (or one of another array-API library): ``Q`` is computed and returned on its
+        device (``tol`` is not available there).
     rank : int
         Target rank ``k`` (with ``tol``: the largest basis allowed).
     sketch : str or SketchOperator, default "sparse_sign"
@@ -609,6 +611,8 @@ def svd(
     Parameters
     ----------
     A : ndarray, sparse matrix or LinearOperator of shape (m, n)
+        A CuPy array (or one of another array-API library) is decomposed on its device, and ``U``,
+        ``s`` and ``Vt`` are returned there (``docs/gpu.md``).
     rank : int
     sketch, oversample, tol, seed
         As for :func:`range_finder`.

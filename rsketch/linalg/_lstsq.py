@@ -55,7 +55,9 @@ def lstsq(
     ----------
     X : array_like or scipy.sparse matrix of shape (n, p), n >= p
         Dense (any layout; C-contiguous float64 is fastest: one pass per iteration) or sparse.
-        Integer and float32 input is converted to float64.
+        Integer and float32 input is converted to float64. A CuPy array (or one of another
+        array-API library) is solved on its device, ``y`` with it, and ``coef`` returned there
+        (``docs/gpu.md``).
     y : array_like of shape (n,) or (n, k)
         One or ``k`` right-hand sides (solved together; each column has its own iteration).
     sketch : str or SketchOperator, default "sparse_sign"

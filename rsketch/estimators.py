@@ -94,7 +94,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like, sparse matrix or dask.array.Array of shape (n_samples, n_features)
-            A Dask array is fitted in passes over its chunks (``docs/dask.md``).
+            A Dask array is fitted in passes over its chunks (``docs/dask.md``); a CuPy array on its
+            device, under scikit-learn's ``array_api_dispatch`` (``docs/gpu.md``).
         y : array-like or dask.array.Array of shape (n_samples,) or (n_samples, n_targets)
         sample_weight : array-like of shape (n_samples,), optional
             Non-negative weights: row ``i`` counts ``sample_weight[i]`` times (rows are scaled by
@@ -643,7 +644,8 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         Parameters
         ----------
         X : array-like or sparse matrix of shape (n_samples, n_features)
-            Sparse input (CSR/CSC; COO is converted) is centred implicitly, never densified.
+            Sparse input (CSR/CSC; COO is converted) is centred implicitly, never densified. A CuPy
+            array is fitted on its device under scikit-learn's ``array_api_dispatch`` (``docs/gpu.md``).
         y : ignored
 
         Returns

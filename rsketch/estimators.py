@@ -65,6 +65,19 @@ def _library_and_device(a):
     return type(a).__module__.split(".")[0], str(device(a))
 
 
+def _check_fit_device(estimator, fitted, X, method):
+    """scikit-learn's rule (and message) for predict/transform: ``X`` in the library and on the device of
+    the fit (``fitted``, a fitted array); then dispatch must be on."""
+    fitted, given = _library_and_device(fitted), _library_and_device(X)
+    if fitted != given:
+        raise ValueError(
+            f"Inputs passed to {type(estimator).__name__}.{method}() must use the same namespace and the "
+            f"same device as those passed to fit(): fitted on {fitted[0]} arrays (device {fitted[1]}), "
+            f"given {given[0]} input (device {given[1]}); pass X on the fit's device, or refit"
+        )
+    _require_dispatch(X, method)
+
+
 def _is_wide(n, p):
     return p >= NYSTROM_MIN_FEATURES or (p > n and p >= 200)
 
@@ -268,15 +281,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         return np.asarray(X @ self.coef_.T) + self.intercept_
 
     def _predict_array_api(self, X):
-        # scikit-learn's rule (and message) for predict: X in the library and on the device of the fit.
-        fitted, given = _library_and_device(self.coef_), _library_and_device(X)
-        if fitted != given:
-            raise ValueError(
-                f"Inputs passed to {type(self).__name__}.predict() must use the same namespace and the same "
-                f"device as those passed to fit(): fitted on {fitted[0]} arrays (device {fitted[1]}), given "
-                f"{given[0]} input (device {given[1]}); pass X on the fit's device, or refit"
-            )
-        _require_dispatch(X, "predict")
+        _check_fit_device(self, self.coef_, X, "predict")
         X = validate_data(self, X, reset=False)
         xp = array_api_compat.array_namespace(X)
         X = xp.astype(X, xp.float64) if X.dtype != xp.float64 else X
@@ -703,14 +708,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
 
     def _check_device_input(self, X, method, reset):
         """``X`` of the fit's library and device (scikit-learn's ``ValueError`` otherwise), checked."""
-        fitted, given = _library_and_device(self.components_), _library_and_device(X)
-        if fitted != given:
-            raise ValueError(
-                f"Inputs passed to {type(self).__name__}.{method}() must use the same namespace and the "
-                f"same device as those passed to fit(): fitted on {fitted[0]} arrays (device {fitted[1]}), "
-                f"given {given[0]} input (device {given[1]}); pass X on the fit's device, or refit"
-            )
-        _require_dispatch(X, method)
+        _check_fit_device(self, self.components_, X, method)
         if reset:  # transform: the features seen in fit
             X = validate_data(self, X, reset=False)
         else:

@@ -22,6 +22,7 @@ from rsketch._backend import array_library, check_same_library, like, to_host
 from rsketch._validation import check_finite
 from rsketch.kernels import cpu
 from rsketch.linalg._backward_error import two_sum
+from rsketch.linalg._design import Design
 
 # Row blocks of the host fallback's careful gradient: at most 32 MB of X at a time.
 _BLOCK_ENTRIES = 1 << 22
@@ -165,11 +166,7 @@ class ArrayDesign:
             self._first = (Y, B, self.residual_gradient(Y, B, accuracy="fast"))
         return G
 
-    def first_gradient(self, Y, B):
-        """The gradient :meth:`gram_matrix` computed for ``Y``, ``B``, or None."""
-        if self._first is None or self._first[0] is not Y or self._first[1] is not B:
-            return None
-        return self._first[2]
+    first_gradient = Design.first_gradient  # the gradient gram_matrix computed for Y, B, or None
 
     def residual_gradient(self, Y, B, accuracy="exact"):
         """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)`` on the host; ``accuracy`` as for

@@ -17,21 +17,9 @@ from rsketch.linalg._array_design import ArrayDesign
 from rsketch.linalg._backward_error import backward_error
 from rsketch.linalg.problems import stability_problem
 
-xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+from .array_api_standin import DEVICE, host, on_device, xps
+
 U = np.finfo(np.float64).eps / 2
-
-
-# A second device of array_api_strict stands in for a GPU: its arrays refuse NumPy's implicit conversion
-# (np.asarray raises, as on CuPy) and any arithmetic with arrays of the default device.
-DEVICE = xps.Device("device1")
-
-
-def on_device(a, **kwargs):
-    return xps.asarray(a, device=DEVICE, **kwargs)
-
-
-def host(a):
-    return np.from_dlpack(a)
 
 
 def strict_problem(n=3000, p=20, k=None, seed=0):

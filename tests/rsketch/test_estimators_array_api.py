@@ -19,7 +19,8 @@ from sklearn.utils.estimator_checks import check_estimator
 
 from rsketch import SketchedLinearRegression, SketchedPCA, SketchedRidge
 
-xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+from .array_api_standin import DEVICE, host, on_device
+
 CHILD = os.environ.get("SCIPY_ARRAY_API") == "1"
 dispatch = pytest.mark.skipif(not CHILD, reason="runs in the SCIPY_ARRAY_API=1 child process")
 ESTIMATORS = [
@@ -29,19 +30,6 @@ ESTIMATORS = [
     SketchedRidge(alpha=3.0, method="sketch_and_solve", fit_intercept=False, random_state=0),
 ]
 PCAS = [SketchedPCA(n_components=2, random_state=0), SketchedPCA(n_components=2, whiten=True, random_state=0)]
-
-
-# A second device of array_api_strict stands in for a GPU: its arrays refuse NumPy's implicit conversion
-# (np.asarray raises, as on CuPy) and any arithmetic with arrays of the default device.
-DEVICE = xps.Device("device1")
-
-
-def on_device(a, **kwargs):
-    return xps.asarray(a, device=DEVICE, **kwargs)
-
-
-def host(a):
-    return np.from_dlpack(a)
 
 
 def data(n=3000, p=6, k=None, seed=0):

@@ -1,0 +1,22 @@
+"""``array_api_strict`` on its second device: the stand-in for a GPU library in the CPU tests.
+
+Arrays on ``Device("device1")`` refuse NumPy's implicit conversion (``np.asarray`` raises, as on CuPy)
+and any arithmetic with arrays of the default device, so a solver that passes with them keeps its
+work in the input's namespace and on its device.
+"""
+
+import numpy as np
+import pytest
+
+xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+DEVICE = xps.Device("device1")
+
+
+def on_device(a, **kwargs):
+    """``a`` as an ``array_api_strict`` array on the stand-in device."""
+    return xps.asarray(a, device=DEVICE, **kwargs)
+
+
+def host(a):
+    """A NumPy array of ``a``'s values (DLPack)."""
+    return np.from_dlpack(a)

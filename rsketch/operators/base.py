@@ -295,6 +295,10 @@ class SketchOperator:
             Z = Z.toarray()
         if isinstance(Z, np.ndarray):
             out = self._adjoint_numpy(Z)
+        elif array_api_compat.is_cupy_array(Z):  # on the GPU: the CUDA kernels where there are some
+            from rsketch.kernels.cuda import sketch_adjoint
+
+            out = sketch_adjoint(self, Z)
         else:
             out = self.reference_adjoint(Z)
         return out[:, 0] if is_vector else out

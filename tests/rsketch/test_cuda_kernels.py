@@ -133,6 +133,14 @@ def operand(n, k, dtype, order, seed=0):
     return np.asfortranarray(A) if order == "F" else A
 
 
+# S.T @ Z on the device (name, operator factory, n, k, dtype): the sparse sign gather kernel, and a kind
+# that takes the portable path in the device's namespace.
+ADJOINT_CASES = [
+    ("sparse_sign", lambda n: rsketch.SparseSign(n, 12, seed=2, nnz_per_column=3), 150, 4, "float64"),
+    ("countsketch_f32", lambda n: rsketch.CountSketch(n, 11, seed=1), 200, 3, "float32"),
+    ("srht", lambda n: rsketch.SRHT(n, 9, seed=3), 100, 2, "float64"),
+]
+
 # The careful residual gradient (n, p, k, chunks, accuracy): p not a multiple of 4 (the chains' tails),
 # several right-hand sides, chunks of unequal length, and a residual far smaller than y (where the
 # exact mode's Dot2 residual differs from a plain one).
@@ -189,6 +197,10 @@ def simulate(outdir: pathlib.Path) -> None:
     res["apply_srht_groups"] = device_apply.sketch_apply(
         rsketch.SRHT(100, 9, seed=3), operand(100, 5, "float64", "C")
     )
+    for name, make, n, k, dtype in ADJOINT_CASES:
+        res[f"adjoint_{name}"] = device_apply.sketch_adjoint(
+            make(n), operand(make(n).sketch_size, k, dtype, "C")
+        )
     for name, (n, p, k, nchunks, accuracy) in RESGRAD_CASES.items():
         X, Y, B = resgrad_operands(n, p, k)
         g, nrm = ck.residual_gradient(X, Y, B, nchunks, accuracy)
@@ -257,6 +269,19 @@ def test_uniform_indices_are_bitwise(sim, count, bound):
     np.testing.assert_array_equal(
         sim[f"indices_{count}_{bound}"], cpu.uniform_indices(KEY[0], KEY[1], count, bound, STREAM_SAMPLE)
     )
+
+
+@pytest.mark.parametrize("case", ADJOINT_CASES, ids=lambda c: c[0])
+def test_device_adjoint_matches_cpu(sim, case):
+    name, make, n, k, dtype = case
+    S = make(n)
+    ref = S.T @ operand(S.sketch_size, k, dtype, "C")
+    got = sim[f"adjoint_{name}"]
+    assert got.dtype == ref.dtype and got.shape == (n, k)
+    if name == "srht":  # the portable path: another order of sums
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    else:
+        np.testing.assert_array_equal(got, ref)
 
 
 @pytest.mark.parametrize("name", sorted(RESGRAD_CASES))
@@ -371,6 +396,14 @@ def compile_all() -> None:
         sig = (i64, vec(i64), vec(i64), vec(f64), vec(nt.int32), vec(nt.int32), vec(ft), i64, mat(ft))
         cuda.compile_ptx(kernel.py_func, sig, cc=(8, 0))
         compiled.append(f"bucket_scatter_csr[{dtype}]")
+    for dtype, kernel in ck._sparse_adjoint.items():
+        ft = from_dtype(dtype)
+        sig = (i64, i64, i64, i64, i64, f64, mat(ft), mat(ft))
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(8, 0))
+        # The term's product is an explicit fma.rn (never contracted into the sum); the one mul.f64 left
+        # is the exact +-1 arithmetic of the sign (and scale * sign), which contraction cannot change.
+        assert "fma.rn.f64" in ptx and ptx.count("mul.f64") <= 1, "a contractible product in the adjoint"
+        compiled.append(f"sparse_adjoint[{dtype}]")
     for dtype, kernel in ck._fwht_shared.items():
         cuda.compile_ptx(kernel.py_func, (mat(from_dtype(dtype)), i64), cc=(8, 0))
         compiled.append(f"fwht_shared[{dtype}]")

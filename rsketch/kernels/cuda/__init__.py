@@ -77,6 +77,21 @@ def sketch_apply(S, A):
     return apply.sketch_apply(S, A)
 
 
+def sketch_adjoint(S, Z):
+    """``S.T @ Z`` for a checked 2-D CuPy array ``Z``, computed on the device (a CuPy array of Z's dtype).
+
+    Examples
+    --------
+    >>> import numpy as np, rsketch
+    >>> S = rsketch.CountSketch(100, 10, seed=0)
+    >>> (S.T @ np.ones((10, 2))).shape  # NumPy input never comes here; CuPy input does
+    (100, 2)
+    """
+    require_gpu()
+    apply = importlib.import_module("rsketch.kernels.cuda.apply")
+    return apply.sketch_adjoint(S, Z)
+
+
 def check_device_csr(A, rows: int):
     """``A`` (a ``cupyx.scipy.sparse`` matrix, or SciPy's in the simulator) as canonical CSR of float32/64.
 

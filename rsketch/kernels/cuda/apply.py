@@ -19,6 +19,7 @@ from rsketch.kernels.cuda.kernels import (
     gather_rows,
     gaussian_columns,
     lane_signs,
+    sparse_adjoint,
     sparse_apply_csr,
     sparse_apply_dense,
     srht_apply,
@@ -178,3 +179,17 @@ def sketch_apply_sparse(S, A):
             f"{type(S).__name__} (kind {S.kind!r}) has no GPU kernels; apply it to a NumPy array"
         ) from None
     return apply(S, A, array_module(A.data))
+
+
+# ----------------------------------------------------------------------------- the adjoint S.T @ Z
+def sketch_adjoint(S, Z):
+    """``S.T @ Z`` for a checked 2-D device array ``Z`` (``r x k``): the sparse sign kinds by the gather
+    kernel (the CPU's bits); the other kinds by the operator's portable path in the device's namespace."""
+    if S.kind not in ("sparse_sign", "countsketch"):
+        return S.reference_adjoint(Z)
+    xp = array_module(Z)
+    Z = xp.ascontiguousarray(Z)
+    out = xp.empty((S.input_dim, Z.shape[1]), dtype=Z.dtype)
+    scale = 1.0 / math.sqrt(S.nnz_per_column)
+    sparse_adjoint(S.key[0], S.key[1], S.nnz_per_column, S.sketch_size, STREAM_ROW, scale, Z, out)
+    return out

@@ -147,6 +147,36 @@ _bucket_sum = {
     np.dtype(np.float64): _make_bucket_sum(np.float64),
 }
 
+
+def _make_sparse_adjoint(ftype):
+    @cuda.jit
+    def sparse_adjoint(k0, k1, s, r, stream, scale, Z, out):
+        # Thread (j, c) gathers row j of S.T @ Z: its s hashed rows of Z in t order, each term a float64
+        # product added in float64 and stored in Z's dtype, as kernels.cpu._sparse_adjoint_par rounds.
+        key0 = np.uint64(k0)
+        key1 = np.uint64(k1)
+        n, k = out.shape
+        e = cuda.grid(1)
+        while e < n * k:
+            j = e // k
+            c = e % k
+            total = ftype(0.0)
+            for t in range(s):
+                row, sign = sparse_entry(key0, key1, j, t, s, r, stream)
+                total = ftype(float64(total) + _mul(scale * sign, float64(Z[row, c])))
+            out[j, c] = total
+            e += cuda.gridsize(1)
+
+    return sparse_adjoint
+
+
+def sparse_adjoint(k0, k1, s, r, stream, scale, Z, out):
+    """``out = scale * S.T @ Z`` for the unscaled sparse sign pattern ``S`` (r, n) and a dense (r, k) ``Z``;
+    ``out`` (n, k) of ``Z``'s dtype. A gather (no atomics): the CPU kernel's bits."""
+    n, k = out.shape
+    _sparse_adjoint[np.dtype(Z.dtype)][_grid(n * k)](k0, k1, s, r, stream, scale, Z, out)
+
+
 # Rows of A hashed per pass of sparse_apply_dense: the pattern, sort keys and order of one pass
 # take about 40 bytes per nonzero.
 _SPARSE_PASS_NONZEROS = 1 << 24
@@ -625,3 +655,9 @@ def residual_gradient(X, Y, B, nchunks, accuracy):
     norms = xp.empty(k)
     _chunk_sum_kernel[_grid(k * p)](hi, lo, nrm, out, norms)
     return out, norms
+
+
+_sparse_adjoint = {
+    np.dtype(np.float32): _make_sparse_adjoint(np.float32),
+    np.dtype(np.float64): _make_sparse_adjoint(np.float64),
+}

@@ -1,40 +1,74 @@
-"""The array namespace of the engine's device arrays: NumPy, or CuPy for a later GPU path.
+"""The array namespace of the engine's device arrays: NumPy, or another library's (CuPy on a GPU).
 
-The engine is one code path: weights, activations and cache buffers live in ``xp`` (the module
-that created them), and every device operation is spelled ``xp.<function>`` or as an array
-method; CuPy mirrors these NumPy functions. Host-side bookkeeping (offsets, positions, lengths,
-slot indices, sampling) stays in NumPy and crosses over with :func:`asarray` / :func:`to_host`.
+Weights, activations and cache buffers live in ``xp``. NumPy arrays take the compiled kernels; any
+other library takes the portable path, written against the Python array API standard (through
+``array_api_compat``, which wraps CuPy), so that ``array_api_strict`` on a second device can check it
+on a CPU. Host-side bookkeeping (offsets, positions, lengths, slot indices, sampling) stays in NumPy
+and crosses over with :func:`on_device` / :func:`to_host`.
 """
 
 from __future__ import annotations
 
+import array_api_compat
 import numpy as np
 
-__all__ = ["namespace", "to_host"]
+__all__ = ["device_of", "namespace", "on_device", "to_host", "xp_dtype"]
 
 
 def namespace(a):
-    """``cupy`` for a CuPy array, else ``numpy``.
+    """``numpy`` for NumPy arrays (and scalars); for another array library's arrays (CuPy on a GPU), its
+    array-API namespace (``array_api_compat``'s wrapper of CuPy).
 
     Examples
     --------
     >>> namespace(np.zeros(2)).__name__
     'numpy'
     """
-    if type(a).__module__.split(".")[0] == "cupy":
-        import cupy  # optional (a GPU path): imported only when a CuPy array is already there
+    if (
+        isinstance(a, np.ndarray)
+        or not array_api_compat.is_array_api_obj(a)
+        or array_api_compat.is_numpy_array(a)
+    ):
+        return np
+    return array_api_compat.array_namespace(a)
 
-        return cupy
-    return np
+
+def device_of(a):
+    """The device of ``a`` (``"cpu"`` for NumPy)."""
+    return array_api_compat.device(a)
 
 
 def to_host(a) -> np.ndarray:
-    """A NumPy array with the values of ``a`` (a copy from the device for CuPy).
+    """A NumPy array with the values of ``a`` (a copy from the device for CuPy; DLPack for another library).
 
     Examples
     --------
     >>> to_host([1, 2])
     array([1, 2])
     """
-    get = getattr(a, "get", None)
-    return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
+    if isinstance(a, np.ndarray):
+        return a
+    if array_api_compat.is_cupy_array(a):
+        return a.get()
+    if array_api_compat.is_array_api_obj(a):
+        return np.from_dlpack(a)
+    return np.asarray(a)
+
+
+def on_device(a, xp, device, dtype=None):
+    """The host array ``a`` in namespace ``xp`` on ``device`` (``a`` itself for NumPy); ``dtype`` a NumPy
+    dtype, mapped to ``xp``'s.
+
+    Examples
+    --------
+    >>> on_device(np.ones(2), np, None).tolist()
+    [1.0, 1.0]
+    """
+    if xp is np:
+        return a if dtype is None else np.asarray(a, dtype=dtype)
+    return xp.asarray(a, device=device, dtype=None if dtype is None else xp_dtype(xp, dtype))
+
+
+def xp_dtype(xp, dtype):
+    """``xp``'s dtype object for a NumPy ``dtype`` (``xp.float32`` for ``numpy.float32``, ...)."""
+    return getattr(xp, np.dtype(dtype).name)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._xp import namespace
+from ._xp import namespace, on_device
 from .kernels import _MASKED as _NEG
 from .kernels import varlen_attention_args, varlen_attention_run
 
@@ -25,8 +25,12 @@ __all__ = ["AttentionPlan", "attend", "packed_attention"]
 
 
 def _softmax_(s: np.ndarray) -> np.ndarray:
+    xp = namespace(s)
+    if xp is not np:  # the array API has no out=
+        e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        return e / xp.sum(e, axis=-1, keepdims=True)
     s -= s.max(axis=-1, keepdims=True)
-    namespace(s).exp(s, out=s)
+    np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
     return s
 
@@ -65,6 +69,7 @@ class AttentionPlan:
     @classmethod
     def build(cls, cache, seq_ids, cu_seqlens, old_lengths, key_valid=None, *, grouped=True, dtype=None):
         xp = getattr(cache, "xp", np)  # masks are built on the host, used where the cache lives
+        device = getattr(cache, "device", None)
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
         cu = np.asarray(cu_seqlens, dtype=np.int64)
         old = np.asarray(old_lengths, dtype=np.int64)
@@ -92,10 +97,10 @@ class AttentionPlan:
             bias = (
                 None
                 if allowed.all()
-                else xp.asarray(np.where(allowed, 0.0, _NEG).astype(dtype)[None, :, None])
+                else on_device(np.where(allowed, 0.0, _NEG).astype(dtype)[None, :, None], xp, device)
             )
             if not isinstance(sel, slice):
-                sel = xp.asarray(sel)
+                sel = on_device(sel, xp, device)
             return cls((sel, n, S, bias), [], dtype)
         pieces = []
         for b in range(B):
@@ -111,9 +116,14 @@ class AttentionPlan:
                 if key_valid is not None:
                     allowed = allowed & key_valid[s, :S][None, :]
                 if not allowed.all():
-                    bias = xp.asarray(np.where(allowed, 0.0, _NEG).astype(dtype))
+                    bias = on_device(np.where(allowed, 0.0, _NEG).astype(dtype), xp, device)
             pieces.append((a, e, int(cache.starts[s]), S, bias))
         return cls(None, pieces, dtype)
+
+
+def _regroup(xp, x, shape, axes, out_shape):
+    """``x`` reshaped to ``shape``, its axes permuted, reshaped to ``out_shape`` (the heads' layouts)."""
+    return xp.reshape(xp.permute_dims(xp.reshape(x, shape), axes), out_shape)
 
 
 def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
@@ -142,42 +152,38 @@ def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
     Hkv = cache.n_kv_heads
     G = H // Hkv
     scale = 1.0 / float(np.sqrt(D))
+    xp = namespace(q)  # NumPy, or a GPU library's array-API namespace: the same steps in both
     if plan.uniform is not None:
         sel, n, S, bias = plan.uniform
         cap = cache.capacity
-        k4 = cache.k[layer].reshape(Hkv, cache.max_seqs, cap, D)  # [Hkv, max_seqs, cap, D] (a view)
-        v4 = cache.v[layer].reshape(Hkv, cache.max_seqs, cap, D)
-        kb, vb = k4[:, sel, :S], v4[:, sel, :S]  # [Hkv, B, S, D]; a view when sel is a slice
+        k4 = xp.reshape(cache.k[layer, ...], (Hkv, cache.max_seqs, cap, D))  # [Hkv, max_seqs, cap, D]
+        v4 = xp.reshape(cache.v[layer, ...], (Hkv, cache.max_seqs, cap, D))
+        if isinstance(sel, slice):
+            kb, vb = k4[:, sel, :S, :], v4[:, sel, :S, :]  # [Hkv, B, S, D]; a view
+        else:
+            kb, vb = xp.take(k4, sel, axis=1)[:, :, :S, :], xp.take(v4, sel, axis=1)[:, :, :S, :]
         B = kb.shape[1]
         # [T, H, D] = [B, n, Hkv, G, D] -> [Hkv, B, G, n, D] -> [Hkv, B, G * n, D]
-        qb = q.reshape(B, n, Hkv, G, D).transpose(2, 0, 3, 1, 4).reshape(Hkv, B, G * n, D)
-        scores = qb @ kb.transpose(0, 1, 3, 2)  # [Hkv, B, G * n, S]
-        scores *= scale
+        qb = _regroup(xp, q, (B, n, Hkv, G, D), (2, 0, 3, 1, 4), (Hkv, B, G * n, D))
+        scores = (qb @ xp.matrix_transpose(kb)) * scale  # [Hkv, B, G * n, S]
         if bias is not None:
-            scores = scores.reshape(Hkv, B, G, n, S)
-            scores += bias  # [1, B, 1, n, S]
-            scores = scores.reshape(Hkv, B, G * n, S)
-        p = _softmax_(scores)
-        ob = p @ vb  # [Hkv, B, G * n, D]
-        return ob.reshape(Hkv, B, G, n, D).transpose(1, 3, 0, 2, 4).reshape(T, H, D)
+            scores = xp.reshape(scores, (Hkv, B, G, n, S)) + bias  # bias [1, B, 1, n, S]
+            scores = xp.reshape(scores, (Hkv, B, G * n, S))
+        ob = _softmax_(scores) @ vb  # [Hkv, B, G * n, D]
+        return _regroup(xp, ob, (Hkv, B, G, n, D), (1, 3, 0, 2, 4), (T, H, D))
 
-    out = namespace(q).zeros_like(q)
-    kbuf, vbuf = cache.k[layer], cache.v[layer]  # [Hkv, slots, D]
+    out = xp.zeros_like(q)
     for a, e, start, S, bias in plan.pieces:
         n = e - a
-        kb = kbuf[:, start : start + S]  # [Hkv, S, D]
-        vb = vbuf[:, start : start + S]  # [Hkv, S, D]
+        kb = cache.k[layer, :, start : start + S, :]  # [Hkv, S, D]
+        vb = cache.v[layer, :, start : start + S, :]  # [Hkv, S, D]
         # queries grouped by KV head: [n, H, D] -> [Hkv, G * n, D]
-        qb = q[a:e].reshape(n, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * n, D)
-        scores = qb @ kb.transpose(0, 2, 1)  # [Hkv, G * n, S]
-        scores *= scale
+        qb = _regroup(xp, q[a:e, ...], (n, Hkv, G, D), (1, 2, 0, 3), (Hkv, G * n, D))
+        scores = (qb @ xp.matrix_transpose(kb)) * scale  # [Hkv, G * n, S]
         if bias is not None:
-            scores = scores.reshape(Hkv, G, n, S)
-            scores += bias  # [n, S]
-            scores = scores.reshape(Hkv, G * n, S)
-        p = _softmax_(scores)
-        ob = p @ vb  # [Hkv, G * n, D]
-        out[a:e] = ob.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D)
+            scores = xp.reshape(xp.reshape(scores, (Hkv, G, n, S)) + bias, (Hkv, G * n, S))  # bias [n, S]
+        ob = _softmax_(scores) @ vb  # [Hkv, G * n, D]
+        out[a:e, ...] = _regroup(xp, ob, (Hkv, G, n, D), (2, 0, 1, 3), (n, H, D))
     return out
 
 

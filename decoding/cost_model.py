@@ -299,6 +299,7 @@ def _key(model) -> str:
             cfg.vocab_size,
             weight_format(model),
             getattr(model, "nbytes", None),  # the weights as held: differs for any other format
+            str(getattr(model, "device", None)),  # a GPU's forward costs nothing like the CPU's
         ]
     )
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._xp import to_host
 from .kv_cache import KVCache
 from .loading import load_model
 from .model import Model, PackedBatch
@@ -367,7 +368,9 @@ class DraftModelDrafter(Drafter):
                 logits = prefill(self.model, self._cache, seq_ids, feeds)  # [len(live), V]
             else:
                 batch = PackedBatch.from_lists([drafts[t][-1:] for t in live], seq_ids=seq_ids)
-                logits = self.model.forward(batch, cache=self._cache, logits="last")  # [len(live), V]
+                logits = to_host(
+                    self.model.forward(batch, cache=self._cache, logits="last")
+                )  # [len(live), V]
             nxt, q = self._draw(logits)
             for r, t in enumerate(live):
                 drafts[t].append(int(nxt[r]))

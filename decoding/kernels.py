@@ -242,7 +242,9 @@ def linear(x, w):
     T = x.shape[0]
     if isinstance(w, QuantizedMatrix):
         return quantized_linear(x, w, max_rows=max(FEW_ROWS, 1))
-    if FEW_ROWS <= 0 or T == 0 or namespace(x) is not np or x.dtype not in (np.float32, np.float64):
+    if namespace(x) is not np:  # another library (a GPU's): its GEMM
+        return x @ namespace(x).matrix_transpose(w)
+    if FEW_ROWS <= 0 or T == 0 or x.dtype not in (np.float32, np.float64):
         return x @ w.T
     if T <= FEW_ROWS:
         return rows_times_weights(x, w)
@@ -281,7 +283,7 @@ def rms_norm(x, w, eps):
         out = np.empty_like(x)
         _rms_norm(np.ascontiguousarray(x), w, x.dtype.type(eps), out)
         return out
-    ms = xp.einsum("td,td->t", x, x)[:, None] / x.shape[-1]  # [T, 1]
+    ms = xp.sum(x * x, axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]
     return x * (w / xp.sqrt(ms + eps))
 
 

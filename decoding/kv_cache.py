@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._xp import xp_dtype
 from .memory import check_fits
 
 __all__ = ["KVCache"]
@@ -50,7 +51,9 @@ class KVCache:
     1
     """
 
-    def __init__(self, n_layers, n_kv_heads, head_dim, *, max_seqs, capacity, dtype=np.float32, xp=np):
+    def __init__(
+        self, n_layers, n_kv_heads, head_dim, *, max_seqs, capacity, dtype=np.float32, xp=np, device=None
+    ):
         for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             if int(v) <= 0:
                 raise ValueError(f"{name} must be positive, got {v}")
@@ -66,9 +69,15 @@ class KVCache:
                 self.n_layers, self.n_kv_heads, self.head_dim, self.max_seqs, self.capacity, dtype
             )
             check_fits(need, f"a KV cache of {self.max_seqs} sequences x {self.capacity} slots")
-        self.xp = xp  # numpy, or cupy for buffers on a GPU (lengths and starts stay on the host)
-        self.k = xp.zeros(shape, dtype=dtype)  # [n_layers, n_kv_heads, slots, head_dim]
-        self.v = xp.zeros(shape, dtype=dtype)
+        self.xp = xp  # numpy, or a GPU library's namespace (lengths and starts stay on the host)
+        self.device = device
+        self._dtype = np.dtype(dtype)
+        if xp is np:
+            self.k = np.zeros(shape, dtype=dtype)  # [n_layers, n_kv_heads, slots, head_dim]
+            self.v = np.zeros(shape, dtype=dtype)
+        else:
+            self.k = xp.zeros(shape, dtype=xp_dtype(xp, dtype), device=device)
+            self.v = xp.zeros(shape, dtype=xp_dtype(xp, dtype), device=device)
         self.starts = np.arange(self.max_seqs, dtype=np.int64) * self.capacity  # [max_seqs]
         self.lengths = np.zeros(self.max_seqs, dtype=np.int64)  # [max_seqs]
         self.in_use = np.zeros(self.max_seqs, dtype=bool)
@@ -85,6 +94,7 @@ class KVCache:
             capacity=capacity,
             dtype=model.dtype if dtype is None else dtype,
             xp=getattr(model, "xp", np) if xp is None else xp,
+            device=getattr(model, "device", None),
         )
 
     @staticmethod
@@ -100,12 +110,12 @@ class KVCache:
         return slot * int(max_seqs) * int(capacity)
 
     @property
-    def dtype(self):
-        return self.k.dtype
+    def dtype(self) -> np.dtype:
+        return self._dtype
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return 2 * int(self.k.size) * self._dtype.itemsize
 
     # -- sequence lifecycle -------------------------------------------------------------------
     def allocate(self) -> int:
@@ -162,9 +172,22 @@ class KVCache:
         return base + np.arange(int(counts.sum()), dtype=np.int64)  # [T]
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-        """Store ``k``, ``v`` (``[T, n_kv_heads, head_dim]``) of ``layer`` at buffer ``slots`` (``[T]``)."""
-        self.k[layer][:, slots, :] = k.transpose(1, 0, 2)  # [Hkv, T, D]
-        self.v[layer][:, slots, :] = v.transpose(1, 0, 2)
+        """Store ``k``, ``v`` (``[T, n_kv_heads, head_dim]``) of ``layer`` at host ``slots`` (``[T]``).
+
+        On a device the slots go in runs of consecutive slots (one per sequence of a packed batch),
+        slice assignments of the array API (which has no scatter by an index array).
+        """
+        if self.xp is np:
+            self.k[layer][:, slots, :] = k.transpose(1, 0, 2)  # [Hkv, T, D]
+            self.v[layer][:, slots, :] = v.transpose(1, 0, 2)
+            return
+        xp = self.xp
+        slots = np.asarray(slots, dtype=np.int64)
+        breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+        for a, b in zip(np.r_[0, breaks], np.r_[breaks, slots.size], strict=True):
+            s0 = int(slots[a])
+            self.k[layer, :, s0 : s0 + b - a, :] = xp.permute_dims(k[a:b, ...], (1, 0, 2))
+            self.v[layer, :, s0 : s0 + b - a, :] = xp.permute_dims(v[a:b, ...], (1, 0, 2))
 
     def advance(self, seq_ids: np.ndarray, counts: np.ndarray) -> None:
         """Add ``counts[b]`` to the length of ``seq_ids[b]``."""
@@ -177,8 +200,9 @@ class KVCache:
         expect = (self.n_layers, kshape[1] if len(kshape) == 4 else -1, self.n_kv_heads, self.head_dim)
         if kshape != expect or vshape != expect:
             raise ValueError(f"k and v must have shape {expect}, got {kshape} and {vshape}")
-        slots = self.xp.asarray(self.prepare(np.array([seq]), np.array([k.shape[1]])))
-        k, v = self.xp.asarray(k), self.xp.asarray(v)
+        slots = self.prepare(np.array([seq]), np.array([k.shape[1]]))
+        if self.xp is np:
+            k, v = np.asarray(k), np.asarray(v)
         for layer in range(self.n_layers):
             self.write(layer, slots, k[layer], v[layer])
         self.advance(np.array([seq]), np.array([k.shape[1]]))

@@ -77,7 +77,34 @@ def model_path(name: str = "smollm2-135m") -> Path:
     return path
 
 
-def load_model(name_or_path="smollm2-135m", *, dtype="quantized") -> LoadedModel:
+def cuda_namespace():
+    """The array-API namespace of CuPy (``array_api_compat.cupy``), after checking CuPy and a CUDA device.
+
+    Raises
+    ------
+    ImportError
+        CuPy is not installed (the message says to install the GPU extra).
+    RuntimeError
+        CuPy is installed but sees no CUDA device (or driver).
+    """
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(
+            "device='cuda' needs CuPy; install the GPU extra: pip install 'rsketch[gpu]'"
+        ) from exc
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # CuPy raises its own CUDARuntimeError without a driver
+        raise RuntimeError(f"device='cuda' but no CUDA device is available to CuPy ({exc})") from exc
+    if count == 0:
+        raise RuntimeError("device='cuda' but CuPy sees no CUDA device; use device='cpu'")
+    import array_api_compat.cupy
+
+    return array_api_compat.cupy
+
+
+def load_model(name_or_path="smollm2-135m", *, dtype="quantized", device="cpu") -> LoadedModel:
     """Load a llama GGUF model and its tokenizer.
 
     Parameters
@@ -89,6 +116,10 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized") -> LoadedModel
         and the computation is float32, the fastest path. ``numpy.float32``: every weight
         dequantized to float32 (538 MB), the reference of the quantized path. ``numpy.float64``:
         dequantized to float64, for exact tests.
+    device : {"cpu", "cuda"}, default "cpu"
+        ``"cuda"``: the weights, the KV cache and every forward on the current CUDA device (CuPy, the
+        portable array-API path; ``docs/gpu.md``); sampling and drafting stay on the host. Needs
+        ``dtype=numpy.float32`` or ``numpy.float64`` (the quantized kernels are CPU kernels).
 
     Returns
     -------
@@ -101,7 +132,14 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized") -> LoadedModel
     >>> model.config.n_layers  # doctest: +SKIP
     30
     """
-    weight_dtype(dtype)  # a bad dtype fails before the file is read
+    quantized, _ = weight_dtype(dtype)  # a bad dtype or device fails before the file is read
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and quantized:
+        raise ValueError(
+            "device='cuda' needs dtype=numpy.float32 or numpy.float64: the quantized kernels run on the CPU"
+        )
+    xp = cuda_namespace() if device == "cuda" else None
     path = Path(name_or_path)
     if str(name_or_path) in MODELS:
         path = model_path(str(name_or_path))
@@ -112,4 +150,6 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized") -> LoadedModel
     f = read_gguf(path)
     with blas_threads():
         model = Model.from_gguf(f, dtype=dtype)
+    if xp is not None:
+        model = model.to_device(xp)
     return LoadedModel(model, Tokenizer.from_metadata(f.metadata))

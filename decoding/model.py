@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
-from ._xp import namespace
+from ._xp import device_of, namespace, on_device
 from .attention import AttentionPlan, attend
 from .config import LlamaConfig
 from .gguf_reader import GGUFFile, read_gguf
@@ -54,6 +54,15 @@ class Layer:
     ffn_norm: np.ndarray  # [d]
     w_gate_up: np.ndarray  # [2F, d]
     w_down: np.ndarray  # [d, F]
+
+
+_FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")
+
+
+def _nbytes(w) -> int:
+    # NumPy, CuPy and QuantizedMatrix have nbytes; the array API has size and a dtype
+    nbytes = getattr(w, "nbytes", None)
+    return int(nbytes) if nbytes is not None else int(w.size) * np.dtype(str(w.dtype).split(".")[-1]).itemsize
 
 
 @dataclass(frozen=True)
@@ -105,12 +114,11 @@ class PackedBatch:
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     # x: [T, heads, D]; cos, sin: [T, 1, D/2]; adjacent pairs (x[2i], x[2i+1]) rotate together
     T, nh, D = x.shape
-    xp = x.reshape(T, nh, D // 2, 2)
-    x0, x1 = xp[..., 0], xp[..., 1]  # [T, heads, D/2]
-    out = namespace(x).empty_like(xp)
-    out[..., 0] = x0 * cos - x1 * sin
-    out[..., 1] = x0 * sin + x1 * cos
-    return out.reshape(T, nh, D)
+    xp = namespace(x)
+    pairs = xp.reshape(x, (T, nh, D // 2, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]  # [T, heads, D/2]
+    out = xp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+    return xp.reshape(out, (T, nh, D))
 
 
 def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
@@ -122,7 +130,7 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     ``w`` that fit in cache reads the head from memory once.
     """
     N = h.shape[0]
-    if isinstance(w, QuantizedMatrix) or N <= kernels.FEW_ROWS or N > 64:
+    if isinstance(w, QuantizedMatrix) or N <= kernels.FEW_ROWS or N > 64 or namespace(h) is not np:
         return linear(h, w)
     xp = namespace(h)
     ht = xp.ascontiguousarray(h.T)  # [d, N]
@@ -135,6 +143,8 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
 def _swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     # silu(gate) * up = gate / (1 + exp(-gate)) * up, in one temporary
     xp = namespace(gate)
+    if xp is not np:  # the array API has no out=
+        return gate / (1.0 + xp.exp(-gate)) * up
     e = xp.exp(-gate)
     e += 1.0
     xp.divide(gate, e, out=e)
@@ -235,8 +245,9 @@ class Model:
         self.out_norm = out_norm  # [d]
         self._output = output  # [V, d] or None when tied to tok_embd
         self.dtype = np.dtype(dtype)  # of the activations, the cache and the logits
-        # numpy, or cupy when the weights live on a GPU (quantized weights are NumPy only)
+        # numpy, or a GPU library's namespace when the weights live there (quantized weights are NumPy only)
         self.xp = np if isinstance(tok_embd, QuantizedMatrix) else namespace(tok_embd)
+        self.device = None if self.xp is np else device_of(tok_embd)
         D = config.head_dim
         self._inv_freq = config.rope_theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # [D/2]
         #: stream the next layer's weights into cache from a helper thread (``DECODING_PREFETCH=1``
@@ -321,6 +332,44 @@ class Model:
             dtype=self.dtype,
         )
 
+    def to_device(self, xp, device=None) -> Model:
+        """A model with these (float) weights in the array library ``xp`` on ``device``: every forward
+        then runs there, through the portable path (``docs/gpu.md``).
+
+        ``xp`` is an array-API namespace: ``array_api_compat.cupy`` for a GPU (what
+        :func:`decoding.load_model` passes for ``device="cuda"``), or ``array_api_strict`` on a
+        second device, which stands in for a GPU in the tests. Quantized weights have CPU kernels
+        only: load with ``dtype=numpy.float32`` (or ``float64``) for a device.
+
+        Examples
+        --------
+        >>> import array_api_strict as xps
+        >>> model = Model.from_gguf("tiny.gguf", dtype=np.float64)  # doctest: +SKIP
+        >>> model.to_device(xps, xps.Device("device1")).device  # doctest: +SKIP
+        array_api_strict.Device('device1')
+        """
+        weights = [self.tok_embd, self.out_norm, self._output] + [
+            getattr(L, f) for L in self.layers for f in _FIELDS
+        ]
+        if any(isinstance(w, QuantizedMatrix) for w in weights):
+            raise ValueError(
+                "quantized weights have CPU kernels only; load the model with dtype=numpy.float32 (or "
+                "numpy.float64) to run it on a device"
+            )
+
+        def move(w):
+            return None if w is None else on_device(np.ascontiguousarray(w), xp, device)
+
+        layers = [Layer(**{f: move(getattr(L, f)) for f in _FIELDS}) for L in self.layers]
+        return Model(
+            self.config,
+            layers,
+            move(self.tok_embd),
+            move(self.out_norm),
+            move(self._output),
+            dtype=self.dtype,
+        )
+
     # -- properties ---------------------------------------------------------------------------
     @property
     def n_layers(self) -> int:
@@ -342,12 +391,9 @@ class Model:
     @property
     def nbytes(self) -> int:
         """Bytes of the weights as held in memory (what one decode step must read)."""
-        n = self.tok_embd.nbytes + self.out_norm.nbytes
-        if self._output is not None:
-            n += self._output.nbytes
-        for L in self.layers:
-            n += sum(a.nbytes for a in (L.attn_norm, L.wqkv, L.wo, L.ffn_norm, L.w_gate_up, L.w_down))
-        return n
+        weights = [self.tok_embd, self.out_norm] + ([] if self._output is None else [self._output])
+        weights += [getattr(L, f) for L in self.layers for f in _FIELDS]
+        return sum(_nbytes(w) for w in weights)
 
     def forward_bytes(self, n_tokens: int, *, keys: int, logits_rows: int) -> int:
         """An upper estimate of the memory one :meth:`forward` allocates (the cache aside).
@@ -380,7 +426,13 @@ class Model:
         """The embedding rows of ``tokens`` ``[T]`` as ``[T, d]`` activations."""
         if isinstance(self.tok_embd, QuantizedMatrix):
             return self.tok_embd.dequantize(rows=tokens)
-        return self.tok_embd[self.xp.asarray(tokens)]
+        if self.xp is np:
+            return self.tok_embd[tokens]
+        return self.xp.take(self.tok_embd, self._here(tokens), axis=0)
+
+    def _here(self, a, dtype=None):
+        """The host array ``a`` where the weights live (``a`` itself for NumPy)."""
+        return on_device(a, self.xp, self.device, dtype)
 
     def forward(
         self,
@@ -464,12 +516,11 @@ class Model:
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         xp = self.xp
         ang = positions[:, None] * self._inv_freq[None, :]  # [T, D/2] (host, float64)
-        cos = xp.asarray(np.cos(ang).astype(self.dtype)[:, None, :])  # [T, 1, D/2]
-        sin = xp.asarray(np.sin(ang).astype(self.dtype)[:, None, :])
+        cos = self._here(np.cos(ang).astype(self.dtype)[:, None, :])  # [T, 1, D/2]
+        sin = self._here(np.sin(ang).astype(self.dtype)[:, None, :])
         eps = cfg.norm_eps
 
         plan = AttentionPlan.build(cache, seq_ids, cu, old, key_valid, dtype=self.dtype)
-        dev_slots = xp.asarray(slots)
         pf = None
         if self.prefetch:
             if self._prefetcher is None:
@@ -482,7 +533,7 @@ class Model:
             and cache.k.dtype == self.dtype
             and self.dtype in (np.float32, np.float64)
         )
-        cos2, sin2 = cos[:, 0], sin[:, 0]  # [T, D/2]
+        cos2, sin2 = cos[:, 0, :], sin[:, 0, :]  # [T, D/2]
         x = self._embed(tokens)  # [T, d]
         for li, L in enumerate(self.layers):
             if pf is not None:
@@ -494,12 +545,12 @@ class Model:
             if fused_rope:  # one compiled pass: rotate, store k and v, return q
                 q = kernels.rope_and_store(qkv, cos2, sin2, H, Hkv, slots, cache.k[li], cache.v[li])
             else:
-                qk = _rope(qkv[:, : (H + Hkv) * D].reshape(T, H + Hkv, D), cos, sin)  # [T, H + Hkv, D]
-                q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D]
-                v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)  # [T, Hkv, D]
-                cache.write(li, dev_slots, k, v)
+                qk = _rope(xp.reshape(qkv[:, : (H + Hkv) * D], (T, H + Hkv, D)), cos, sin)  # [T, H + Hkv, D]
+                q, k = qk[:, :H, :], qk[:, H:, :]  # [T, H, D], [T, Hkv, D]
+                v = xp.reshape(qkv[:, (H + Hkv) * D :], (T, Hkv, D))  # [T, Hkv, D]
+                cache.write(li, slots, k, v)
             o = attend(q, cache, li, plan)  # [T, H, D]
-            x = x + linear(o.reshape(T, H * D), L.wo)  # [T, d]
+            x = x + linear(xp.reshape(o, (T, H * D)), L.wo)  # [T, d]
             h = rms_norm(x, L.ffn_norm, eps)
             gu = linear(h, L.w_gate_up)  # [T, 2F]
             F = gu.shape[1] // 2
@@ -511,9 +562,12 @@ class Model:
         if logits is None:
             return None
         if logits == "last":
-            idx = xp.asarray(np.maximum(cu[1:] - 1, 0))
-            x = x[idx] if T else xp.zeros((B, cfg.d_model), self.dtype)  # [B, d]
+            idx = np.maximum(cu[1:] - 1, 0)
+            if not T:
+                x = self._here(np.zeros((B, cfg.d_model), self.dtype))  # [B, d]
+            else:
+                x = x[idx] if xp is np else xp.take(x, self._here(idx), axis=0)  # [B, d]
         out = _head(rms_norm(x, self.out_norm, eps), self.output_weight)  # [T or B, V]
         if logits == "last" and (counts == 0).any():
-            out[xp.asarray(counts == 0)] = np.nan
+            out[self._here(counts == 0)] = float("nan")
         return out

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ._xp import to_host
 from .kv_cache import KVCache
 from .memory import check_fits, format_bytes
 from .model import PackedBatch
@@ -201,7 +202,7 @@ class Outputs:
 
 
 def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = PREFILL_TOKENS):
-    """Run every prompt through ``model`` into ``cache``; return each prompt's last logits ``[B, V]``.
+    """Run every prompt through ``model`` into ``cache``; return each prompt's last logits ``[B, V]`` (host).
 
     Prompts are packed into forwards of at most ``max_tokens`` tokens (whole prompts while they fit,
     a longer prompt in consecutive chunks through the cache), bounding activation memory.
@@ -212,7 +213,6 @@ def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = PREFILL_TOKE
     >>> prefill(model, cache, [cache.allocate(), cache.allocate()], [[1, 2, 3], [4]]).shape  # doctest: +SKIP
     (2, 49152)
     """
-    xp = model.xp
     out = [None] * len(prompt_ids)
     # pieces (b, start, end) in order; a prompt longer than max_tokens is cut into chunks
     pieces = [
@@ -234,11 +234,11 @@ def prefill(model, cache, seq_ids, prompt_ids, *, max_tokens: int = PREFILL_TOKE
         batch = PackedBatch.from_lists(
             [prompt_ids[b][a:e] for b, a, e in group], seq_ids=[seq_ids[b] for b, _, _ in group]
         )
-        last = model.forward(batch, cache=cache, logits="last")
+        last = to_host(model.forward(batch, cache=cache, logits="last"))
         for j, (b, _, e) in enumerate(group):
             if e == len(prompt_ids[b]):
                 out[b] = last[j]
-    return xp.stack(out)
+    return np.stack(out)
 
 
 def decode_step(model, cache, seq_ids, last_tokens):
@@ -257,7 +257,7 @@ def decode_step(model, cache, seq_ids, last_tokens):
     (2, 49152)
     """
     batch = PackedBatch.from_lists([[int(t)] for t in last_tokens], seq_ids=seq_ids)
-    return model.forward(batch, cache=cache, logits="last")
+    return to_host(model.forward(batch, cache=cache, logits="last"))
 
 
 class SlotQueue:

@@ -450,7 +450,7 @@ def packed_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     """
     batch = PackedBatch.from_lists([np.r_[t, d] for t, d in zip(last, drafts, strict=True)], seq_ids=seq_ids)
     t0 = time.perf_counter()
-    logits = model.forward(batch, cache=cache, logits="all")  # [sum(1 + n_j), V]
+    logits = to_host(model.forward(batch, cache=cache, logits="all"))  # [sum(1 + n_j), V]
     seconds = time.perf_counter() - t0
     cu = batch.cu_seqlens
     results = judge([logits[cu[j] : cu[j + 1]] for j in range(len(drafts))])
@@ -499,7 +499,7 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     key_valid[seq_ids, L : L + W] = np.arange(W)[None, :] < (1 + n)[:, None]
     batch = PackedBatch.from_lists(toks, seq_ids=seq_ids, start_positions=npos)  # [A W]
     t0 = time.perf_counter()
-    logits = model.forward(batch, cache=cache, logits="all", key_valid=key_valid)
+    logits = to_host(model.forward(batch, cache=cache, logits="all", key_valid=key_valid))
     seconds = time.perf_counter() - t0
     results = judge([logits[j * W : j * W + 1 + n[j]] for j in range(A)])
     K = 1 + max(int(m) for m, _ in results)  # every sample's cache grows by the longest accepted count
@@ -538,7 +538,7 @@ def _padded_prefill(model, cache, queue: SlotQueue, seq, prompts, key_valid):
     for b in range(len(prompts)):
         key_valid[seq[b], : pads[b]] = False
     batch = PackedBatch(toks, seq, np.arange(len(prompts) + 1) * P, pos)
-    logits = model.forward(batch, cache=cache, logits="last", key_valid=key_valid)
+    logits = to_host(model.forward(batch, cache=cache, logits="last", key_valid=key_valid))
     queue.record(time.perf_counter() - t0)
     return admitted, logits
 

@@ -70,7 +70,10 @@ def test_cache_key_has_version_and_weight_format(tmp_path, monkeypatch):
     q = CostModel.cache_path(FakeModel("float32", fmt="q4_1+q8_0"), tmp_path)
     assert len({f32, f64, q}) == 3
     assert weight_format(FakeModel("float32", fmt="q4_1+q8_0")) == "q4_1+q8_0"
-    assert json.loads(cost_model._key(FakeModel("float64")))[-2] == "float64"
+    assert json.loads(cost_model._key(FakeModel("float64")))[-3] == "float64"
+    on_gpu = FakeModel("float32")
+    on_gpu.device = "cuda:0"  # a device's forward costs nothing like the CPU's: its own calibration
+    assert CostModel.cache_path(on_gpu, tmp_path) != f32
     assert cost_model.engine_version() in cost_model._key(FakeModel())
     monkeypatch.setattr(cost_model, "COST_MODEL_VERSION", cost_model.COST_MODEL_VERSION + 1)
     assert CostModel.cache_path(FakeModel("float32"), tmp_path) != f32

@@ -1,0 +1,138 @@
+"""The engine on a device: the portable (array-API) path against the CPU's kernels, on tiny models.
+
+``array_api_strict`` on its second device stands in for a GPU: its arrays refuse NumPy's implicit
+conversion (as CuPy's do) and any arithmetic with another device's arrays, so a forward that runs on
+them keeps every step on the device, with only the host bookkeeping (positions, slots, masks built
+once per forward) and the logits crossing. Greedy float64 decoding must give the CPU's tokens with
+every method and drafter; float32 the same up to near-ties. The same checks on a real GPU (CuPy) are
+in ``test_gpu`` below, marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+
+from decoding import generate, load_model
+
+from .tiny_llama import write_tiny_llama
+
+xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+DEVICE = xps.Device("device1")
+PROMPTS = ["the cat in the hat", "the hat the hat the hat the", "x y"]
+REFERENCES = ["the hat the hat", "the hat sat", "y"]
+
+
+@pytest.fixture(scope="module")
+def on_device(tiny64):
+    model, tok = tiny64
+    return model.to_device(xps, DEVICE), tok
+
+
+def test_weights_cache_and_logits_live_on_the_device(tiny64, on_device):
+    model, _ = tiny64
+    dev, _ = on_device
+    assert dev.device == DEVICE and dev.tok_embd.device == DEVICE and dev.layers[0].wqkv.device == DEVICE
+    cache = dev.new_cache(max_seqs=2, capacity=40)
+    assert cache.k.device == DEVICE and cache.dtype == np.float64
+    assert dev.nbytes == model.nbytes
+
+
+def forward_both(model, dev, token_lists, logits="all"):
+    out = []
+    for m in (model, dev):
+        cache = m.new_cache(max_seqs=len(token_lists), capacity=64)
+        seqs = [cache.allocate() for _ in token_lists]
+        cu = np.concatenate([[0], np.cumsum([len(t) for t in token_lists])])
+        toks = np.concatenate(token_lists)
+        first = m.forward(toks, cache=cache, seq_ids=seqs, cu_seqlens=cu, logits=logits)
+        # a decode step after the prefill: one token each, against the cached keys
+        step = m.forward(
+            np.array([1] * len(seqs)), cache=cache, seq_ids=seqs, cu_seqlens=np.arange(len(seqs) + 1)
+        )
+        out.append((np.from_dlpack(first) if m is dev else first, np.from_dlpack(step) if m is dev else step))
+    return out
+
+
+@pytest.mark.parametrize(
+    "lengths", [(5,), (7, 3, 11), (4, 4, 4)], ids=["one", "ragged", "uniform"]
+)  # one sequence; the per-sequence path; the batched (uniform) path
+def test_forward_matches_the_cpu_kernels(tiny64, on_device, lengths):
+    model, _ = tiny64
+    dev, _ = on_device
+    rng = np.random.default_rng(len(lengths))
+    token_lists = [rng.integers(0, model.config.vocab_size, size=n) for n in lengths]
+    (cpu_first, cpu_step), (dev_first, dev_step) = forward_both(model, dev, token_lists)
+    for got, ref in ((dev_first, cpu_first), (dev_step, cpu_step)):
+        assert np.max(np.abs(got - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "ems", "vanilla"])
+def test_greedy_tokens_are_the_cpus(tiny64, on_device, method):
+    model, tok = tiny64
+    dev, _ = on_device
+    ref = generate(model, tok, PROMPTS, max_new_tokens=12)
+    drafters = ["llma"] if method == "autoregressive" else ["llma", "prompt_lookup", "draft_model"]
+    for drafter in drafters:
+        kwargs = {} if method == "autoregressive" else {"drafter": drafter, "references": REFERENCES}
+        res = generate(dev, tok, PROMPTS, max_new_tokens=12, method=method, **kwargs)
+        assert res.tokens == ref.tokens, (method, drafter)
+
+
+def test_float32_greedy_tokens_up_to_near_ties(tiny_path):
+    model, tok = load_model(tiny_path[0], dtype=np.float32)
+    dev = model.to_device(xps, DEVICE)
+    ref = generate(model, tok, PROMPTS, max_new_tokens=12)
+    res = generate(dev, tok, PROMPTS, max_new_tokens=12, method="ems", references=REFERENCES)
+    for a, b in zip(res.tokens, ref.tokens, strict=True):
+        if a == b:
+            continue
+        t = next(j for j in range(min(len(a), len(b))) if a[j] != b[j])
+        ctx = tok.encode(PROMPTS[res.tokens.index(a)]) + b[:t]
+        cache = model.new_cache(max_seqs=1, capacity=len(ctx) + 1)
+        lg = model.forward(np.array(ctx), cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, len(ctx)])[
+            -1
+        ]
+        top2 = np.sort(lg)[-2:]
+        assert (top2[1] - top2[0]) / np.max(np.abs(lg)) < 1e-4  # a true near-tie, as on the CPU's layouts
+
+
+def test_device_arguments_are_checked(tiny_path, tmp_path):
+    with pytest.raises(ValueError, match="device must be"):
+        load_model(tiny_path[0], dtype=np.float64, device="gpu")
+    with pytest.raises(ValueError, match="quantized"):
+        load_model(tiny_path[0], device="cuda")
+    path = tmp_path / "tiny_q.gguf"
+    write_tiny_llama(path, tensor_type=gguf.GGMLQuantizationType.Q8_0, d=64, n_heads=4, n_kv_heads=2, d_ff=96)
+    quantized, _ = load_model(path)
+    with pytest.raises(ValueError, match="quantized weights have CPU kernels only"):
+        quantized.to_device(xps, DEVICE)
+
+
+def test_cuda_without_cupy_says_to_install_the_gpu_extra(tiny_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # as if CuPy were not installed
+    with pytest.raises(ImportError, match=r"rsketch\[gpu\]"):
+        load_model(tiny_path[0], dtype=np.float64, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu(tiny_path):
+    try:
+        from decoding.loading import cuda_namespace
+
+        cuda_namespace()
+    except (ImportError, RuntimeError) as exc:
+        if os.environ.get("RSKETCH_REQUIRE_GPU") == "1":
+            pytest.fail(f"RSKETCH_REQUIRE_GPU=1 but no GPU: {exc}")
+        pytest.skip(f"needs a CUDA GPU: {exc}")
+    model, tok = load_model(tiny_path[0], dtype=np.float64)
+    dev, _ = load_model(tiny_path[0], dtype=np.float64, device="cuda")
+    ref = generate(model, tok, PROMPTS, max_new_tokens=12)
+    for method in ("autoregressive", "ems", "vanilla"):
+        kwargs = {} if method == "autoregressive" else {"references": REFERENCES}
+        assert generate(dev, tok, PROMPTS, max_new_tokens=12, method=method, **kwargs).tokens == ref.tokens

@@ -7,7 +7,9 @@ Peers, each measured in the same run on the same device:
 
 Targets (issue 20): sparse sign and CountSketch ``S @ A`` within 2x one read pass; SRHT at least 5x faster
 than the dense Gaussian sketch; ``rsketch.lstsq`` at n = 4,000,000, p = 100 at least 3x faster than
-``cupy.linalg.lstsq``, with the accuracy contract met (:func:`run_lstsq`).
+``cupy.linalg.lstsq``, with the accuracy contract met (:func:`run_lstsq`); EMS-SD at least 1.5x padded
+vanilla at batch 8 on the copy task with LLMA, with tokens/s at batch 1 to 32 beside the paper's
+speed-ups (:func:`run_decoding`, SmolLM2-135M in float32 on ``device="cuda"``).
 ``python -m benchmarks.gpu [--quick] [--no-record]`` runs both (on a machine with a GPU, through
 ``benchmarks/gpu_check.sh``) and records the tables as the ``gpu`` area of ``benchmarks/history`` and
 ``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
@@ -222,6 +224,78 @@ def run_lstsq(quick: bool = False, device: Device | None = None, sizes=None) -> 
     return report
 
 
+# EMS-SD over greedy autoregressive at the same batch size, the paper's Fig. 1 (OPT-6.7B, LLMA, one GPU).
+PAPER_SPEEDUP = {
+    "vanilla": {1: 3.94, 2: 3.21, 4: 2.26, 8: 1.37, 16: 0.83},
+    "ems": {1: 3.94, 2: 3.50, 4: 2.83, 8: 2.17, 16: 1.63},
+}
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def decoding_target(ems_over_vanilla_at_8: float) -> Target:
+    """The issue's decoding target on a GPU: EMS-SD at least 1.5x padded vanilla at batch 8 (copy, LLMA).
+
+    Examples
+    --------
+    >>> decoding_target(1.6).met, decoding_target(1.4).met
+    (True, False)
+    """
+    return Target(
+        "copy task, LLMA, batch 8, on the GPU: EMS-SD >= 1.5x padded vanilla",
+        f"{ems_over_vanilla_at_8:.2f}x",
+        bool(ems_over_vanilla_at_8 >= 1.5),
+    )
+
+
+def run_decoding(quick: bool = False, loaded=None, prompts=None, batches=DECODE_BATCHES) -> Report:
+    """Greedy decoding on the device: autoregressive tokens/s at each batch size, and EMS-SD and padded
+    vanilla (LLMA) over autoregressive beside the paper's figures, on the copy task.
+
+    ``loaded`` is ``(model, tokenizer)`` (default SmolLM2-135M in float32 on ``device="cuda"``);
+    ``prompts`` ``(prompts, references)`` (default the copy task of ``benchmarks.speculative``).
+    Every method must give the autoregressive tokens.
+    """
+    import decoding
+    from benchmarks.speculative import build_workload
+
+    model, tok = loaded or decoding.load_model(dtype=np.float32, device="cuda")
+    if prompts is None:
+        prompts = build_workload(tok, n=max(batches))["tasks"]["copy"]
+    max_new = 8 if quick else 32
+    report = Report(f"GPU decoding: greedy, copy task, LLMA, {max_new} new tokens per prompt")
+    report.notes.append(f"Model on {model.device}; speed-ups over autoregressive at the same batch size.")
+    ratios = {}
+    for B in batches:
+        ps, rs = prompts[0][:B], prompts[1][:B]
+        runs = {}
+        for method in ("autoregressive", "vanilla", "ems"):
+            kw = (
+                {}
+                if method == "autoregressive"
+                else {"method": method, "references": rs, "draft_budget": None}
+            )
+            decoding.generate(model, tok, ps, max_new_tokens=2, **kw)  # warm-up (kernels, caches)
+            runs[method] = decoding.generate(model, tok, ps, max_new_tokens=max_new, **kw)
+        ar = runs["autoregressive"]
+        for method, res in runs.items():
+            rate = res.n_generated / max(res.decode_time, 1e-12)
+            speedup = ar.decode_time / max(res.decode_time, 1e-12)
+            report.rows.append(
+                {
+                    "batch": B,
+                    "method": method,
+                    "tok/s": rate,
+                    "x autoregressive": speedup,
+                    "paper": PAPER_SPEEDUP.get(method, {}).get(B, float("nan")),
+                    "same tokens": res.tokens == ar.tokens,
+                }
+            )
+        ratios[B] = runs["vanilla"].decode_time / max(runs["ems"].decode_time, 1e-12)
+    if 8 in ratios:
+        report.targets.append(decoding_target(ratios[8]))
+    return report
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 200,000 instead of 4,000,000")
@@ -230,7 +304,7 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     print(machine_description(), flush=True)
-    reports = [run(quick=args.quick), run_lstsq(quick=args.quick)]
+    reports = [run(quick=args.quick), run_lstsq(quick=args.quick), run_decoding(quick=args.quick)]
     for report in reports:
         print(report.to_markdown(), flush=True)
     if not args.no_record:

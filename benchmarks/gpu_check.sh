@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "nv
 "$PYTHON" -c "from rsketch.kernels.cuda import require_gpu; require_gpu(); print('GPU stack: ok')"
 
 # SCIPY_ARRAY_API=1: scikit-learn's array API dispatch (the estimators on CuPy) needs SciPy's.
-SCIPY_ARRAY_API=1 RSKETCH_REQUIRE_GPU=1 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/rsketch
+SCIPY_ARRAY_API=1 RSKETCH_REQUIRE_GPU=1 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/rsketch tests/decoding
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/rsketch/test_cuda_kernels.py
 
 "$PYTHON" -m benchmarks.gpu $QUICK

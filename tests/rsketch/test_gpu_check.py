@@ -47,6 +47,24 @@ def test_lstsq_report_on_a_stand_in_device():
     assert len(report.targets) == 1 and "3x faster" in report.targets[0].description
 
 
+def test_decoding_report_on_a_stand_in_device(tmp_path):
+    xps = pytest.importorskip("array_api_strict")
+    from decoding import load_model
+    from tests.decoding.tiny_llama import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "tiny.gguf")
+    model, tok = load_model(tmp_path / "tiny.gguf", dtype=np.float64)
+    dev = model.to_device(xps, xps.Device("device1"))
+    prompts = (["the cat in the hat", "the hat the hat the", "x y", "the the"], ["the hat the hat"] * 4)
+    report = gpu.run_decoding(quick=True, loaded=(dev, tok), prompts=prompts, batches=(1, 4))
+    assert [(r["batch"], r["method"]) for r in report.rows] == [
+        (B, m) for B in (1, 4) for m in ("autoregressive", "vanilla", "ems")
+    ]
+    assert all(r["same tokens"] and r["tok/s"] > 0 for r in report.rows)
+    assert report.rows[0]["x autoregressive"] == pytest.approx(1.0)
+    assert report.targets == []  # no batch 8 in this run
+
+
 def test_targets_follow_the_ratios():
     times = {"read": 1.0, "countsketch": 2.0, "sparse_sign": 2.01, "srht": 1.0, "dense_gaussian": 4.99}
     met = [t.met for t in gpu.targets(times)]

@@ -10,13 +10,12 @@ in ``test_gpu`` below, marked ``gpu``.
 
 from __future__ import annotations
 
-import os
-
 import gguf
 import numpy as np
 import pytest
 
 from decoding import generate, load_model
+from tests.gpu_guard import require_gpu_or_skip
 
 from .tiny_llama import write_tiny_llama
 
@@ -122,14 +121,9 @@ def test_cuda_without_cupy_says_to_install_the_gpu_extra(tiny_path, monkeypatch)
 
 @pytest.mark.gpu
 def test_gpu(tiny_path):
-    try:
-        from decoding.loading import cuda_namespace
+    from decoding.loading import cuda_namespace
 
-        cuda_namespace()
-    except (ImportError, RuntimeError) as exc:
-        if os.environ.get("RSKETCH_REQUIRE_GPU") == "1":
-            pytest.fail(f"RSKETCH_REQUIRE_GPU=1 but no GPU: {exc}")
-        pytest.skip(f"needs a CUDA GPU: {exc}")
+    require_gpu_or_skip(cuda_namespace)
     model, tok = load_model(tiny_path[0], dtype=np.float64)
     dev, _ = load_model(tiny_path[0], dtype=np.float64, device="cuda")
     ref = generate(model, tok, PROMPTS, max_new_tokens=12)

@@ -16,6 +16,7 @@ import pytest
 import rsketch
 from rsketch._random import STREAM_GAUSS, STREAM_ROW, ZIG_X
 from rsketch.kernels import cpu
+from tests.gpu_guard import require_gpu_or_skip
 
 pytestmark = pytest.mark.gpu
 
@@ -24,12 +25,7 @@ pytestmark = pytest.mark.gpu
 def cp():
     from rsketch.kernels.cuda import require_gpu
 
-    try:
-        require_gpu()
-    except (ImportError, RuntimeError) as exc:
-        if os.environ.get("RSKETCH_REQUIRE_GPU") == "1":
-            pytest.fail(f"RSKETCH_REQUIRE_GPU=1 but the GPU stack is not usable: {exc}")
-        pytest.skip(f"needs a CUDA GPU: {exc}")
+    require_gpu_or_skip(require_gpu)
     import cupy
 
     return cupy

@@ -55,18 +55,15 @@ def to_host(a) -> np.ndarray:
     return np.asarray(a)
 
 
-def on_device(a, xp, device, dtype=None):
-    """The host array ``a`` in namespace ``xp`` on ``device`` (``a`` itself for NumPy); ``dtype`` a NumPy
-    dtype, mapped to ``xp``'s.
+def on_device(a, xp, device):
+    """The host array ``a`` in namespace ``xp`` on ``device`` (``a`` itself for NumPy).
 
     Examples
     --------
     >>> on_device(np.ones(2), np, None).tolist()
     [1.0, 1.0]
     """
-    if xp is np:
-        return a if dtype is None else np.asarray(a, dtype=dtype)
-    return xp.asarray(a, device=device, dtype=None if dtype is None else xp_dtype(xp, dtype))
+    return a if xp is np else xp.asarray(a, device=device)
 
 
 def xp_dtype(xp, dtype):

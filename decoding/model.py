@@ -60,9 +60,10 @@ _FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")
 
 
 def _nbytes(w) -> int:
-    # NumPy, CuPy and QuantizedMatrix have nbytes; the array API has size and a dtype
-    nbytes = getattr(w, "nbytes", None)
-    return int(nbytes) if nbytes is not None else int(w.size) * np.dtype(str(w.dtype).split(".")[-1]).itemsize
+    # NumPy, CuPy and QuantizedMatrix have nbytes; the array API has a size and a float dtype's bits
+    if hasattr(w, "nbytes"):
+        return int(w.nbytes)
+    return int(w.size) * namespace(w).finfo(w.dtype).bits // 8
 
 
 @dataclass(frozen=True)
@@ -430,9 +431,9 @@ class Model:
             return self.tok_embd[tokens]
         return self.xp.take(self.tok_embd, self._here(tokens), axis=0)
 
-    def _here(self, a, dtype=None):
+    def _here(self, a):
         """The host array ``a`` where the weights live (``a`` itself for NumPy)."""
-        return on_device(a, self.xp, self.device, dtype)
+        return on_device(a, self.xp, self.device)
 
     def forward(
         self,

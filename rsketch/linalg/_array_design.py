@@ -3,8 +3,9 @@
 :func:`rsketch.lstsq` runs unchanged on such input, as it does on Dask's: ``X`` and ``y`` stay where
 they are, every pass over them (the sketch ``S X``, a CG product, a residual and gradient, ``X.T X``)
 runs in their library (cuBLAS GEMMs on a GPU), and only its small ``p x k`` result comes to the host,
-where the ``p``-sized work is done: the factorisation of the ``r x p`` sketch, the preconditioner, the
-backward-error estimate. The answer goes back to the input's device.
+where the ``p``-sized work is done: the SVD of the ``p x p`` triangle of the sketch's QR (the QR itself
+runs on the device), the preconditioner, the backward-error estimate. The answer goes back to the
+input's device.
 
 The careful gradients that judge a refinement step (``accuracy="exact"`` and ``"compensated"``, see
 :func:`rsketch.kernels.cpu.residual_gradient`) run on a GPU in the CUDA twin of the CPU kernel

@@ -154,11 +154,11 @@ def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
 
 
 def apply_sketch(S, X, name="X"):
-    """``S @ X`` on the host (computed, for Dask ``X``; copied from the device for CuPy ``X``); a NaN/inf
-    found by the operator is reported against ``name``."""
+    """``S @ X`` (computed, for Dask ``X``; on the device for CuPy ``X``); a NaN/inf found by the operator
+    is reported against ``name``."""
     try:
         SX = S @ X
-        return SX.compute() if is_dask_array(SX) else to_host(SX)
+        return SX.compute() if is_dask_array(SX) else SX
     except ValueError:
         check_finite(X, name)
         raise

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
+from rsketch._backend import array_namespace, is_non_numpy_array, to_host
 from rsketch.linalg._common import column_norms
 from rsketch.linalg._results import ConvergenceWarning
 
@@ -94,8 +95,9 @@ def sketched_factor(SX, SY=None):
     Parameters
     ----------
     SX : ndarray of shape (r, p)
+        Or an array of another library (CuPy): its QR runs there, the ``p x p`` rest on the host.
     SY : ndarray of shape (r, k), optional
-        The sketched right-hand sides, for :attr:`SketchedFactor.presolve`.
+        The sketched right-hand sides, for :attr:`SketchedFactor.presolve` (of ``SX``'s library).
 
     Returns
     -------
@@ -122,6 +124,12 @@ def sketched_factor(SX, SY=None):
     >>> f.rank, f.M.shape, f.presolve.ravel().tolist()
     (2, (3, 2), [0.3333333333333333, 0.5, 0.0])
     """
+    if is_non_numpy_array(SX):  # on a device: the QR there (cuSOLVER), the p x p rest on the host
+        xp = array_namespace(SX)
+        if SX.shape[0] > SX.shape[1]:
+            Q, R = xp.linalg.qr(SX)
+            SX, SY = R, None if SY is None else xp.matrix_transpose(Q) @ SY
+        return sketched_factor(to_host(SX), None if SY is None else to_host(SY))
     if SX.shape[0] > SX.shape[1]:
         Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)
         U, s, Vt = scipy.linalg.svd(R, check_finite=False, lapack_driver="gesdd")

@@ -88,7 +88,7 @@ def sketch_design(S, X, first_pass=None):
     ``first_pass(S, X)``, if given, computes ``S X`` (with whatever else that pass gives).
     """
     SX = (first_pass or apply_sketch)(S, X)
-    amax = float(np.max(np.abs(SX))) if SX.size else 0.0
+    amax = float(_max_abs(SX))
     if math.isfinite(amax) and _shift(amax) == 0:
         return X, SX, 0
     shift = _shift(float(_max_abs(X)))  # the sketch overflowed or is out of range: scale by X itself

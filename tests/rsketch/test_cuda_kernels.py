@@ -159,11 +159,46 @@ def resgrad_operands(n, p, k):
     return X, np.ascontiguousarray(Y), B
 
 
+def lock_simulator_shared_arrays() -> None:
+    """Serialise the simulator's allocation of a block's shared array.
+
+    numba-cuda's simulator (``kernelapi.FakeCUDAShared.array``) allocates a static shared array on a
+    block's first call without a lock: look it up, then store a new one if absent. Two threads of one
+    block that interleave there each get an array of their own, and the block's results are then
+    wrong. On a loaded machine this happened once in the FWHT kernel (all 8192 values wrong, the next
+    run right). Our kernels are not at fault (a GPU has one shared array per block), so the test
+    serialises the allocation, keyed as numba keys it: by the calling kernel's file and line.
+    """
+    import threading
+    import traceback
+
+    from numba.core import types as nbtypes
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    original = kernelapi.FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory (no allocation), or refused
+            return original(self, shape, dtype, alignment)
+        dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, nbtypes.Type) else dtype
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0])[0:2]
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    kernelapi.FakeCUDAShared.array = array
+
+
 def simulate(outdir: pathlib.Path) -> None:
     """Run every CUDA kernel in the simulator (this process has ``NUMBA_ENABLE_CUDASIM=1``)."""
     from numba.core import config
 
     assert config.ENABLE_CUDASIM, "simulate() must run with NUMBA_ENABLE_CUDASIM=1"
+    lock_simulator_shared_arrays()
     from rsketch.kernels.cuda import apply as device_apply
     from rsketch.kernels.cuda import kernels as ck
 

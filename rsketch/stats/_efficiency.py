@@ -380,27 +380,36 @@ def _lstsq(Q, s, Wt, B):
 
 
 def _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seed):
-    """(pe, re, wc or nan, rank_deficient) for one sketch, by solving least squares on noise draws."""
+    """(pe, re, wc or nan, rank_deficient) for one sketch, by solving least squares on noise draws.
+
+    For an ``X`` of another library (CuPy) the noise is drawn on the host (the same numbers on every
+    device) and moved there once; the ``n``-sized work runs in ``X``'s library, the SVD of ``S X`` on
+    the host.
+    """
     n, p = X.shape
     rng = np.random.default_rng(noise_seed)
-    mean = X @ beta
-    Y = mean[:, None] + sigma * rng.standard_normal((n, n_noise))
+    xp = array_namespace(X)
+    mean = X @ like(beta, X)
+    Y = mean[:, None] + like(sigma * rng.standard_normal((n, n_noise)), X)
     if y is not None:
-        Y = np.column_stack([Y, y])
-    SB = S @ np.ascontiguousarray(np.column_stack([X, Y]))
+        Y = xp.concat([Y, y[:, None]], axis=1)
+    B = xp.concat([X, Y], axis=1)
+    SB = to_host(S @ (B if is_non_numpy_array(B) else np.ascontiguousarray(B)))
     SX, SY = SB[:, :p], SB[:, p:]
     Q, s, Wt = _small_svd(SX)
     if _is_rank_deficient(s, SX.shape, p):
         return math.nan, math.nan, math.nan, True
-    fit_s = X @ _lstsq(Q, s, Wt, SY)  # the sketched fits, one per response
-    fit_o = X @ _lstsq(*svd_x, Y)  # the OLS fits on the same responses
-    err = mean[:, None] - fit_s[:, :n_noise], mean[:, None] - fit_o[:, :n_noise]
-    pe = float(np.sum(err[0] ** 2) / np.sum(err[1] ** 2))
+    U, s_x, Vt_x = svd_x
+    fit_s = X @ like(_lstsq(Q, s, Wt, SY), X)  # the sketched fits, one per response
+    fit_o = X @ like(Vt_x.T @ (to_host(xp.matrix_transpose(U) @ Y) / s_x[:, None]), X)  # the OLS fits
+
+    def ratio(a, b):  # sum of squares of a over that of b
+        return float(xp.sum(a**2)) / float(xp.sum(b**2))
+
+    pe = ratio(mean[:, None] - fit_s[:, :n_noise], mean[:, None] - fit_o[:, :n_noise])
     res_s, res_o = Y - fit_s, Y - fit_o
-    re = float(np.sum(res_s[:, :n_noise] ** 2) / np.sum(res_o[:, :n_noise] ** 2))
-    wc = math.nan
-    if y is not None:
-        wc = float(np.sum(res_s[:, n_noise] ** 2) / np.sum(res_o[:, n_noise] ** 2))
+    re = ratio(res_s[:, :n_noise], res_o[:, :n_noise])
+    wc = ratio(res_s[:, n_noise], res_o[:, n_noise]) if y is not None else math.nan
     return pe, re, wc, False
 
 
@@ -433,7 +442,7 @@ def efficiency(
         The design, of full column rank with ``n > p`` (sparse input is densified: the SVD needs it).
         A CuPy array (or one of another array-API library) stays on its device: its SVD and both
         products of every draw run there, the ``r x p`` SVDs on the host (``docs/gpu.md``); then ``y``
-        must be on the same device, ``method`` must be ``"closed_form"`` and ``executor`` None.
+        must be on the same device and ``executor`` None (``"simulate"`` draws its noise on the host).
     sketch : {"gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"}
         The sketch family; a fresh sketch is drawn for every draw. Draw ``i`` is the operator seeded with
         ``numpy.random.SeedSequence(seed).spawn(n_sketches)[i]``.
@@ -505,11 +514,6 @@ def efficiency(
     n, p = X.shape
     r = _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options)
     device = is_non_numpy_array(X)
-    if device and method != "closed_form":
-        raise ValueError(
-            "method='simulate' runs on NumPy input only (it validates the closed form with host random "
-            "noise); pass cupy.asnumpy(X), or use method='closed_form' on the device"
-        )
     if device and executor is not None:
         raise ValueError(
             "executor is for NumPy input: a device X runs its draws on its device, one after another; "
@@ -658,7 +662,8 @@ def _check_noise_scale(X, beta, sigma, n_noise) -> None:
     """
     n, p = X.shape
     with np.errstate(over="ignore", invalid="ignore"):
-        scale = float(np.max(np.abs(X @ beta)))
+        xp = array_namespace(X)
+        scale = float(to_host(xp.max(xp.abs(X @ like(beta, X)))))
     if not math.isfinite(scale):
         raise ValueError("beta is too large: X @ beta overflows")
     spread = math.sqrt(p / n)

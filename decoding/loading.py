@@ -86,6 +86,18 @@ def cuda_namespace():
         CuPy is not installed (the message says to install the GPU extra).
     RuntimeError
         CuPy is installed but sees no CUDA device (or driver).
+
+    Examples
+    --------
+    >>> import sys
+    >>> saved, sys.modules["cupy"] = sys.modules.get("cupy"), None  # as if CuPy were not installed
+    >>> try:
+    ...     cuda_namespace()
+    ... except ImportError as exc:
+    ...     print(exc)
+    device='cuda' needs CuPy; install the GPU extra: pip install 'rsketch[gpu]'
+    >>> if saved is None: del sys.modules["cupy"]
+    ... else: sys.modules["cupy"] = saved
     """
     try:
         import cupy

@@ -280,7 +280,7 @@ class LeverageSampling(_RowSampling):
         A2, _ = check_operand(A, None, "A")
         key = key_from_seed(seed)
         scores = exact_leverage(A2) if method == "exact" else approximate_leverage(A2, key)
-        return cls.from_scores(scores, sketch_size, seed=seed, dtype=dtype, uniform_mix=uniform_mix)
+        return cls._keyed(scores, sketch_size, key, dtype, uniform_mix)
 
     @classmethod
     def from_scores(
@@ -297,12 +297,17 @@ class LeverageSampling(_RowSampling):
         >>> bool((S.indices() == rsketch.LeverageSampling.from_matrix(A, 50, seed=3).indices()).all())
         True
         """
+        return cls._keyed(scores, sketch_size, key_from_seed(seed), dtype, uniform_mix)
+
+    @classmethod
+    def _keyed(cls, scores, sketch_size, key, dtype, uniform_mix):
+        # The key is drawn once by the caller: a Generator (or None) seed must not be drawn from twice.
         scores = np.asarray(scores, dtype=np.float64)
         return cls(
             scores.shape[0],
             sketch_size,
             scores=scores,
-            seed=np.random.SeedSequence(list(key_from_seed(seed))),
+            seed=np.random.SeedSequence(list(key)),
             dtype=dtype,
             uniform_mix=uniform_mix,
         )

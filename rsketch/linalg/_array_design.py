@@ -24,6 +24,7 @@ from rsketch._validation import check_finite
 from rsketch.kernels import cpu
 from rsketch.linalg._backward_error import two_sum
 from rsketch.linalg._design import Design
+from rsketch.operators.sampling import leverage_rank
 
 # Row blocks of the host fallback's careful gradient: at most 32 MB of X at a time.
 _BLOCK_ENTRIES = 1 << 22
@@ -90,8 +91,8 @@ def validate_array_problem(X, y):
 
 def leverage_scores(X) -> np.ndarray:
     """Exact leverage scores (host) of an ``X`` of another library: its thin SVD on its device (cuSOLVER),
-    the squared row norms of ``U``'s first ``rank`` columns, with the rank rule of
-    :func:`rsketch.operators.sampling.exact_leverage`.
+    the squared row norms of ``U``'s first ``rank`` columns
+    (:func:`rsketch.operators.sampling.leverage_rank`, the CPU's rule).
 
     Examples
     --------
@@ -101,12 +102,7 @@ def leverage_scores(X) -> np.ndarray:
     """
     xp = array_api_compat.array_namespace(X)
     U, s, _ = xp.linalg.svd(X, full_matrices=False)
-    s = to_host(s)
-    rank = int(np.sum(s > s[0] * max(X.shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
-    if rank == 0:
-        raise ValueError(
-            "A is zero (rank 0): its leverage scores are undefined; pass scores=... or use uniform sampling"
-        )
+    rank = leverage_rank(to_host(s), X.shape)
     return to_host(xp.sum(U[:, :rank] ** 2, axis=1))
 
 

@@ -336,10 +336,23 @@ def exact_leverage(A) -> np.ndarray:
     )
     dense = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
     U, s, _ = scipy.linalg.svd(dense, full_matrices=False, check_finite=False)
-    rank = int(np.sum(s > s[0] * max(dense.shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
+    rank = leverage_rank(s, dense.shape)
+    return np.einsum("ij,ij->i", U[:, :rank], U[:, :rank])
+
+
+def leverage_rank(s, shape) -> int:
+    """The columns of ``U`` that carry leverage: the singular values ``s`` of a matrix of ``shape`` above
+    ``max(shape) eps s_1``; ``ValueError`` for a zero matrix.
+
+    Examples
+    --------
+    >>> leverage_rank(np.array([2.0, 1.0, 1e-20]), (10, 3))
+    2
+    """
+    rank = int(np.sum(s > s[0] * max(shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
     if rank == 0:
         raise _zero_matrix_error()
-    return np.einsum("ij,ij->i", U[:, :rank], U[:, :rank])
+    return rank
 
 
 def approximate_leverage(A, key) -> np.ndarray:

@@ -21,13 +21,9 @@ import numpy as np
 
 from rsketch._backend import array_library, check_same_library, like, to_host
 from rsketch._validation import check_finite
-from rsketch.kernels import cpu
-from rsketch.linalg._backward_error import two_sum
-from rsketch.linalg._design import Design
+from rsketch.linalg._design import Design, careful_gradient_in_blocks
 from rsketch.operators.sampling import leverage_rank
 
-# Row blocks of the host fallback's careful gradient: at most 32 MB of X at a time.
-_BLOCK_ENTRIES = 1 << 22
 # Chunks of the device's careful gradient (one thread per chunk and right-hand side): enough threads
 # to fill a GPU's memory pipes, and partial sums of at most 64 MB.
 _DEVICE_CHUNKS = 1 << 14
@@ -150,8 +146,11 @@ class ArrayDesign:
 
     def gram(self, V):
         """``(X.T @ X @ V, ||X @ V||**2 per column)`` (host); ``V`` of shape ``(p, k)``."""
+        return self._xt_and_norms(self.matmul(V))
+
+    def _xt_and_norms(self, T):
+        """``(X.T @ T, ||T||**2 per column)`` on the host."""
         xp = self.xp
-        T = self.matmul(V)
         return to_host(xp.matrix_transpose(self.X) @ T), to_host(xp.sum(T * T, axis=0))
 
     def gram_matrix(self, Y=None, B=None):
@@ -167,10 +166,8 @@ class ArrayDesign:
     def residual_gradient(self, Y, B, accuracy="exact"):
         """``(X.T @ (Y - X @ B), ||Y - X @ B||**2 per column)`` on the host; ``accuracy`` as for
         :meth:`rsketch.linalg._design.Design.residual_gradient`."""
-        xp = self.xp
         if accuracy == "fast":
-            T = Y - self.matmul(B)
-            return to_host(xp.matrix_transpose(self.X) @ T), to_host(xp.sum(T * T, axis=0))
+            return self._xt_and_norms(Y - self.matmul(B))
         if array_library(self.X) == "cupy":
             from rsketch.kernels.cuda import kernels as device_kernels
 
@@ -179,22 +176,10 @@ class ArrayDesign:
             X, Y = cupy.ascontiguousarray(self.X), cupy.ascontiguousarray(Y)
             g, nrm = device_kernels.residual_gradient(X, Y, B, device_chunks(n, p, Y.shape[1]), accuracy)
             return to_host(g), to_host(nrm)
-        return self._host_blocks_gradient(Y, B, accuracy)
 
-    def _host_blocks_gradient(self, Y, B, accuracy):
-        # A host library: its row blocks through the CPU kernel, the blocks' partials in double-double.
-        n, p = self.shape
-        rows = max(1, _BLOCK_ENTRIES // max(1, p))
+        # A host library: its row blocks, shared through DLPack, through the CPU kernel.
+        def rows_of(a, b):
+            return np.ascontiguousarray(to_host(self.X[a:b, :])), np.ascontiguousarray(to_host(Y[a:b, :]))
+
         B = np.ascontiguousarray(B, dtype=np.float64)
-        hi = np.zeros((p, B.shape[1]))
-        lo = np.zeros_like(hi)
-        nrm = np.zeros(B.shape[1])
-        for a in range(0, n, rows):
-            b = min(n, a + rows)
-            Xb = np.ascontiguousarray(to_host(self.X[a:b, :]))
-            Yb = np.ascontiguousarray(to_host(Y[a:b, :]))
-            part, part_nrm = cpu.residual_gradient(Xb, Yb, B, cpu.n_chunks(Xb.shape[0]), accuracy)
-            hi, err = two_sum(hi, part)
-            lo += err
-            nrm += part_nrm
-        return hi + lo, nrm
+        return careful_gradient_in_blocks(rows_of, self.shape[0], self.shape[1], B, accuracy)

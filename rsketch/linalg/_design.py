@@ -101,15 +101,27 @@ class Design:
 
     def _blocked_careful_gradient(self, Y, B, accuracy):
         X = self.X
-        rows = max(1, min(_BLOCK_ROWS, (1 << 22) // max(1, X.shape[1])))  # blocks of at most 32 MB
-        hi = np.zeros((X.shape[1], B.shape[1]))
-        lo = np.zeros_like(hi)
-        nrm = np.zeros(B.shape[1])
-        for a in range(0, X.shape[0], rows):
-            Xb = X[a : a + rows]
-            Xb = np.ascontiguousarray(Xb.toarray() if self.sparse else Xb)
-            part, part_nrm = cpu.residual_gradient(Xb, np.ascontiguousarray(Y[a : a + rows]), B, 1, accuracy)
-            hi, err = two_sum(hi, part)  # the blocks' partial gradients cancel: their sum is kept exact
-            lo += err
-            nrm += part_nrm
-        return hi + lo, nrm
+
+        def rows_of(a, b):
+            Xb = X[a:b].toarray() if self.sparse else X[a:b]
+            return np.ascontiguousarray(Xb), np.ascontiguousarray(Y[a:b])
+
+        return careful_gradient_in_blocks(rows_of, X.shape[0], X.shape[1], B, accuracy)
+
+
+def careful_gradient_in_blocks(rows_of, n, p, B, accuracy):
+    """:func:`rsketch.kernels.cpu.residual_gradient` of an ``X`` the kernel cannot read in one piece (not
+    C-ordered, sparse, or on a device), in row blocks of at most 32 MB: ``rows_of(a, b)`` returns the
+    host, C-ordered ``(X[a:b], Y[a:b])``. The blocks' partial gradients cancel: their sum is kept exact
+    (double-double)."""
+    rows = max(1, min(_BLOCK_ROWS, (1 << 22) // max(1, p)))
+    hi = np.zeros((p, B.shape[1]))
+    lo = np.zeros_like(hi)
+    nrm = np.zeros(B.shape[1])
+    for a in range(0, n, rows):
+        Xb, Yb = rows_of(a, min(n, a + rows))
+        part, part_nrm = cpu.residual_gradient(Xb, Yb, B, 1, accuracy)
+        hi, err = two_sum(hi, part)
+        lo += err
+        nrm += part_nrm
+    return hi + lo, nrm

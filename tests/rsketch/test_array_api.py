@@ -12,7 +12,7 @@ import pytest
 
 import rsketch
 from rsketch.kernels import cpu
-from rsketch.linalg import _array_design
+from rsketch.linalg import _design
 from rsketch.linalg._array_design import ArrayDesign
 from rsketch.linalg._backward_error import backward_error
 from rsketch.linalg.problems import stability_problem
@@ -75,7 +75,7 @@ def test_careful_gradient_blocks_sum_in_double_double(monkeypatch):
     ref = cpu.residual_gradient(X, Y, B, cpu.n_chunks(1000), "exact")
     np.testing.assert_array_equal(one[0], ref[0])
     np.testing.assert_array_equal(one[1], ref[1])
-    monkeypatch.setattr(_array_design, "_BLOCK_ENTRIES", 7 * 128)  # eight blocks
+    monkeypatch.setattr(_design, "_BLOCK_ROWS", 128)  # eight blocks
     blocks = ArrayDesign(on_device(X)).residual_gradient(on_device(Y), B, accuracy="exact")
     # Each block's partial is rounded once (u of itself); their sum is exact but for its last rounding.
     parts = [

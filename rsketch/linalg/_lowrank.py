@@ -26,6 +26,7 @@ from rsketch._validation import check_int, check_operand, check_option, check_re
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.kernels import cpu
+from rsketch.linalg._common import column_norms
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
 RANGE_METHODS = ("subspace", "block_krylov")
@@ -328,8 +329,8 @@ class _Probes:
         return cls(rng.standard_normal((n, PROBES)).astype(dtype, copy=False))
 
     def estimate(self, approx):
-        R = self.AW - approx(self.W, self.AW)
-        return float(10 * math.sqrt(2 / math.pi) * np.sqrt(np.einsum("ij,ij->j", R, R)).max())
+        R = self.AW - approx(self.W, self.AW)  # in A's library (on its device for CuPy)
+        return float(10 * math.sqrt(2 / math.pi) * column_norms(R).max())
 
 
 # ------------------------------------------------------------------------------------ range finder
@@ -478,13 +479,7 @@ def _array_range(A, width, passes, method, sketch, seed, dtype, keep, probes, er
     Q, probes_AW = array_lowrank.basis(A, Z, rounds, method, keep, W)
     if probes is not None:
         probes.AW = probes_AW
-    est = None
-    if error_probes:
-        est = (
-            10
-            * math.sqrt(2 / math.pi)
-            * array_lowrank.probe_norms(probes_AW, Q @ (array_lowrank.transpose_of(Q) @ probes_AW))
-        )
+    est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
     return RangeFinderResult(Q, est, passes, method)
 
 
@@ -754,13 +749,11 @@ def _dask_svd(A, rank, sketch, oversample, passes, method, error_probes, flip_si
 def _array_svd(A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0):
     """:func:`svd` of an ``A`` of another library: the steps of the in-memory path with the same
     sketch and probes; ``U``, ``s`` and ``Vt`` returned on ``A``'s device."""
-    if tol is not None:
-        raise ValueError("tol (the adaptive range finder) is not available for device input; give rank")
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), A.shape[1], dtype)
-    found = _find_range(
-        A, dtype, rank, sketch, oversample, passes, method, None, 10, False, seed, keep, probes
+    found = _find_range(  # refuses tol for device input
+        A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes
     )
     t1 = time.perf_counter()
     Ub, s, Vt = _wide_svd(array_lowrank.project(A, found.Q, keep))
@@ -772,8 +765,7 @@ def _array_svd(A, rank, sketch, oversample, passes, method, tol, error_probes, f
     t2 = time.perf_counter()
     est = None
     if error_probes:
-        approx = U @ like(s[:, None] * (Vt @ probes.W), A)
-        est = 10 * math.sqrt(2 / math.pi) * array_lowrank.probe_norms(probes.AW, approx)
+        est = probes.estimate(lambda W, AW: U @ like(s[:, None] * (Vt @ W), A))
     t3 = time.perf_counter()
     timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
     return SVDResult(U, like(s, A), like(np.ascontiguousarray(Vt), A), est, found.passes + 1, timings)

@@ -91,11 +91,6 @@ def basis(A, Z, rounds, method, keep=None, W=None):
     return xp.concat(blocks, axis=1), AW
 
 
-def transpose_of(A):
-    """``A.T`` in ``A``'s library."""
-    return array_api_compat.array_namespace(A).matrix_transpose(A)
-
-
 def _dtype_of(A):
     xp = array_api_compat.array_namespace(A)
     return np.float32 if A.dtype == xp.float32 else np.float64
@@ -118,10 +113,3 @@ def flip_signs(U, Vt):
     rows = to_host(xp.argmax(xp.abs(U), axis=0))  # the first maximum, as numpy.argmax (a zero column: 0)
     signs = np.sign([float(U[int(i), j]) for j, i in enumerate(rows)]).astype(Vt.dtype)
     return U * like(signs, U), Vt * signs[:, None]
-
-
-def probe_norms(AW, approx_W):
-    """``max_i ||A w_i - A_k w_i||`` (host float) from the probes' products in ``A``'s library."""
-    xp = array_api_compat.array_namespace(AW)
-    R = AW - approx_W
-    return float(np.sqrt(to_host(xp.sum(R * R, axis=0))).max())

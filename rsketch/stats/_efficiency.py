@@ -231,9 +231,8 @@ def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
         s, Vt = to_host(s), to_host(Vt)
     else:
         U, s, Vt = scipy.linalg.svd(X, full_matrices=False, check_finite=False)
-        U = np.ascontiguousarray(
-            U
-        )  # row-major: the sparse kernels stream rows (10x faster than column-major)
+        # row-major: the sparse kernels stream rows (10x faster than column-major)
+        U = np.ascontiguousarray(U)
     tol = s[0] * max(X.shape) * np.finfo(np.float64).eps if s.size and s[0] > 0 else 0.0
     if s.size == 0 or s[-1] <= tol:
         rank = int(np.sum(s > tol))
@@ -375,8 +374,9 @@ def _basis_with_response(U, y_parts, buffers):
 
 
 def _lstsq(Q, s, Wt, B):
-    """Least-squares solution from a thin SVD ``A = Q diag(s) Wt`` of a full-column-rank ``A``."""
-    return Wt.T @ ((Q.T @ B) / s[:, None])
+    """Least-squares solution (host) from a thin SVD ``A = Q diag(s) Wt`` of a full-column-rank ``A``;
+    ``Q`` and ``B`` may be arrays of another library (``X``'s basis on a device), ``s`` and ``Wt`` host."""
+    return Wt.T @ (to_host(Q.T @ B) / s[:, None])
 
 
 def _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seed):
@@ -399,9 +399,8 @@ def _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seed):
     Q, s, Wt = _small_svd(SX)
     if _is_rank_deficient(s, SX.shape, p):
         return math.nan, math.nan, math.nan, True
-    U, s_x, Vt_x = svd_x
     fit_s = X @ like(_lstsq(Q, s, Wt, SY), X)  # the sketched fits, one per response
-    fit_o = X @ like(Vt_x.T @ (to_host(xp.matrix_transpose(U) @ Y) / s_x[:, None]), X)  # the OLS fits
+    fit_o = X @ like(_lstsq(*svd_x, Y), X)  # the OLS fits on the same responses
 
     def ratio(a, b):  # sum of squares of a over that of b
         return float(xp.sum(a**2)) / float(xp.sum(b**2))
@@ -707,12 +706,8 @@ def _wc_parts(y, U):
     if y is None:
         return None
     Uty = U.T @ y
-    if is_non_numpy_array(U):
-        xp = array_namespace(U)
-        rss = float(xp.sum((y - U @ Uty) ** 2))
-        Uty = to_host(Uty)
-    else:
-        rss = float(np.sum((y - U @ Uty) ** 2))
+    rss = float(array_namespace(U).sum((y - U @ Uty) ** 2))
+    Uty = to_host(Uty)
     if rss <= (np.finfo(np.float64).eps * U.shape[0]) ** 2 * float(y @ y) or rss == 0.0:
         raise ValueError("y lies in the column space of X: its OLS residual is zero, C_WC is undefined")
     return y, Uty, rss

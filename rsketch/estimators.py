@@ -695,7 +695,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         """
         check_is_fitted(self)
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
-            X = self._check_device_input(X, "transform", reset=True)
+            X = self._check_device_input(X, "transform", check_features=True)
             xp = array_api_compat.array_namespace(X)
             Ct = xp.matrix_transpose(self.components_)
             Z = X @ Ct - self.mean_ @ Ct
@@ -706,10 +706,10 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
             Z = np.asarray(X @ self.components_.T) - self.mean_ @ self.components_.T
         return Z / self._scale() if self.whiten else Z
 
-    def _check_device_input(self, X, method, reset):
+    def _check_device_input(self, X, method, check_features):
         """``X`` of the fit's library and device (scikit-learn's ``ValueError`` otherwise), checked."""
         _check_fit_device(self, self.components_, X, method)
-        if reset:  # transform: the features seen in fit
+        if check_features:  # transform: X has the features seen in fit
             X = validate_data(self, X, reset=False)
         else:
             X = check_array(X)
@@ -729,7 +729,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         """
         check_is_fitted(self)
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
-            X = self._check_device_input(X, "inverse_transform", reset=False)
+            X = self._check_device_input(X, "inverse_transform", check_features=False)
         else:
             X = check_array(X, dtype=[np.float64, np.float32])
         if X.shape[1] != self.n_components_:

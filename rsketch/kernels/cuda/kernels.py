@@ -517,6 +517,14 @@ def _two_sum_err(a, b, s):
 
 
 @cuda.jit(device=True)
+def _dot2_step(s, comp, x, b):
+    """One term of Dot2 for ``s - x b``: the new sum and compensation (``kernels.cpu._dot2_step``)."""
+    prod = _mul(x, b)
+    s_new = s - prod
+    return s_new, comp + (_two_sum_err(s, -prod, s_new) - _product_error(x, b, prod))
+
+
+@cuda.jit(device=True)
 def _dot2_residual(X, Y, Bt, i, m):
     """``Y[i, m] - X[i] . Bt[m]`` by Dot2 in four chains: (hi, lo), the CPU kernel's operations."""
     p = X.shape[1]
@@ -530,27 +538,12 @@ def _dot2_residual(X, Y, Bt, i, m):
     c2 = 0.0
     c3 = 0.0
     for j in range(0, p4, 4):
-        prod = _mul(X[i, j], Bt[m, j])
-        s = s0 - prod
-        c0 += _two_sum_err(s0, -prod, s) - _product_error(X[i, j], Bt[m, j], prod)
-        s0 = s
-        prod = _mul(X[i, j + 1], Bt[m, j + 1])
-        s = s1 - prod
-        c1 += _two_sum_err(s1, -prod, s) - _product_error(X[i, j + 1], Bt[m, j + 1], prod)
-        s1 = s
-        prod = _mul(X[i, j + 2], Bt[m, j + 2])
-        s = s2 - prod
-        c2 += _two_sum_err(s2, -prod, s) - _product_error(X[i, j + 2], Bt[m, j + 2], prod)
-        s2 = s
-        prod = _mul(X[i, j + 3], Bt[m, j + 3])
-        s = s3 - prod
-        c3 += _two_sum_err(s3, -prod, s) - _product_error(X[i, j + 3], Bt[m, j + 3], prod)
-        s3 = s
+        s0, c0 = _dot2_step(s0, c0, X[i, j], Bt[m, j])
+        s1, c1 = _dot2_step(s1, c1, X[i, j + 1], Bt[m, j + 1])
+        s2, c2 = _dot2_step(s2, c2, X[i, j + 2], Bt[m, j + 2])
+        s3, c3 = _dot2_step(s3, c3, X[i, j + 3], Bt[m, j + 3])
     for j in range(p4, p):
-        prod = _mul(X[i, j], Bt[m, j])
-        s = s0 - prod
-        c0 += _two_sum_err(s0, -prod, s) - _product_error(X[i, j], Bt[m, j], prod)
-        s0 = s
+        s0, c0 = _dot2_step(s0, c0, X[i, j], Bt[m, j])
     t = s0 + s1
     comp = c0 + c1 + c2 + c3 + _two_sum_err(s0, s1, t)
     u = t + s2

@@ -161,7 +161,7 @@ def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
         if isinstance(sel, slice):
             kb, vb = k4[:, sel, :S, :], v4[:, sel, :S, :]  # [Hkv, B, S, D]; a view
         else:
-            kb, vb = xp.take(k4, sel, axis=1)[:, :, :S, :], xp.take(v4, sel, axis=1)[:, :, :S, :]
+            kb, vb = xp.take(k4[:, :, :S, :], sel, axis=1), xp.take(v4[:, :, :S, :], sel, axis=1)  # S slots
         B = kb.shape[1]
         # [T, H, D] = [B, n, Hkv, G, D] -> [Hkv, B, G, n, D] -> [Hkv, B, G * n, D]
         qb = _regroup(xp, q, (B, n, Hkv, G, D), (2, 0, 3, 1, 4), (Hkv, B, G * n, D))

@@ -69,6 +69,20 @@ def test_forward_matches_the_cpu_kernels(tiny64, on_device, lengths):
         assert np.max(np.abs(got - ref)) <= 1e-12 * np.max(np.abs(ref))
 
 
+def test_uniform_step_over_sequences_out_of_order(tiny64, on_device):
+    # equal counts on seq_ids that are not a range: the batched path gathers the cache regions (take)
+    model, _ = tiny64
+    dev, _ = on_device
+    out = []
+    for m in (model, dev):
+        cache = m.new_cache(max_seqs=3, capacity=32)
+        ids = [cache.allocate() for _ in range(3)]
+        m.forward(np.arange(9) % 50, cache=cache, seq_ids=ids, cu_seqlens=[0, 4, 6, 9])
+        logits = m.forward(np.array([3, 4]), cache=cache, seq_ids=[2, 0], cu_seqlens=[0, 1, 2])
+        out.append(np.from_dlpack(logits) if m is dev else logits)
+    assert np.max(np.abs(out[1] - out[0])) <= 1e-12 * np.max(np.abs(out[0]))
+
+
 @pytest.mark.parametrize("method", ["autoregressive", "ems", "vanilla"])
 def test_greedy_tokens_are_the_cpus(tiny64, on_device, method):
     model, tok = tiny64

@@ -20,7 +20,7 @@ from sklearn.utils.validation import _check_sample_weight, check_array, check_is
 from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
-from rsketch.linalg import default_sketch_size, lstsq, nystrom_pcg, svd
+from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
 from rsketch.linalg._lowrank import RANGE_METHODS
 from rsketch.linalg._precondition import RANK_CUTOFF
 from rsketch.operators import SketchOperator
@@ -29,6 +29,9 @@ from rsketch.operators import SketchOperator
 # augmented sketch-and-precondition would factor a sketch of at least p x p (O(p^3)) and sketch the
 # p identity rows; the Nyström preconditioner costs O(n p l) with l ~ the effective dimension.
 NYSTROM_MIN_FEATURES = 2000
+# Nyström columns at most: at 10,000 x 10,000 (d_eff = 3,133) the sketch's rank stopped at 1,600
+# and the fit took 13.5 s, against 13.8 s at 1,000 columns (187 CG iterations); docs/lowrank.md.
+NYSTROM_MAX_RANK = 2000
 # Relative residual of the CG on X.T X + alpha I: the coefficients' error is about cond(X.T X + alpha I)
 # times this, and the preconditioned CG needs ~2 sqrt(kappa_P) more iterations per factor of 10.
 NYSTROM_TOL = 1e-14
@@ -80,6 +83,16 @@ def _check_fit_device(estimator, fitted, X, method):
 
 def _is_wide(n, p):
     return p >= NYSTROM_MIN_FEATURES or (p > n and p >= 200)
+
+
+def _nystrom_max_rank(X):
+    """The most Nyström columns for a wide ridge: ``NYSTROM_MAX_RANK``, and for a dense ``X`` at
+    most what keeps the sketch's two ``p x l`` buffers within half of ``X``'s bytes (1000 for a
+    sparse or device ``X``, the default of :func:`rsketch.linalg.nystrom_pcg`)."""
+    n, p = X.shape
+    if not isinstance(X, np.ndarray):
+        return min(p, 1000)
+    return int(min(p, NYSTROM_MAX_RANK, max(50, X.nbytes // (4 * p * X.itemsize))))
 
 
 class _SketchedLinearModel(RegressorMixin, BaseEstimator):
@@ -216,18 +229,53 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
 
     def _fit_nystrom(self, X, y, w, alpha):
         """Ridge on a wide design: ``(Xc.T W Xc + alpha I) coef = Xc.T W yc`` by Nyström-preconditioned CG
-        (:func:`rsketch.linalg.nystrom_pcg`), with ``Xc.T W Xc`` an operator (two products with ``X`` per
-        column; centring and weights inside the products, so a sparse ``X`` stays sparse).
-        The ``n``-sized work stays in ``X``'s library (the products); the ``p``-sized CG runs on the host."""
+        (:func:`rsketch.linalg.nystrom_pcg`), with ``Xc.T W Xc`` an operator (centring and weights
+        inside the products, so ``X`` is never copied and a sparse ``X`` stays sparse). The
+        ``n``-sized work stays in ``X``'s library (the products); the ``p``-sized CG runs on the host."""
         p = X.shape[1]
         xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
-        sw = xp.sqrt(w)
         wsum = float(xp.sum(w))
         if self.fit_intercept and wsum > 0:
             x_mean = to_host(xp.reshape(xp.asarray(X.T @ w), (-1,))) / wsum
             y_mean = to_host(w @ y) / wsum
         else:
             x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
+        if isinstance(X, np.ndarray):
+            gram, b = self._dense_gram(X, y, w, x_mean, y_mean)
+        else:
+            gram, b = self._operator_gram(X, y, w, xp, x_mean, y_mean)
+        # a sparse sign test matrix: for a NumPy X, F S.T from its pattern, so the sketch is one
+        # GEMM, not two; every other X gets the same matrix, dense, and so the same preconditioner
+        res = nystrom_pcg(
+            gram, b, alpha, tol=NYSTROM_TOL, sketch="sparse_sign", max_rank=_nystrom_max_rank(X),
+            seed=self.random_state,
+        )  # fmt: skip
+        coef = res.x
+        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        self.n_iter_, self.solver_ = int(res.iterations), "nystrom_pcg"
+        if is_non_numpy_array(y):  # the answer on X's device, as the other paths give it
+            coef, intercept = like(coef, y), like(np.asarray(intercept), y)
+        self._set_coefficients(coef, intercept)
+        return self
+
+    def _dense_gram(self, X, y, w, x_mean, y_mean):
+        """``(Xc.T W Xc, Xc.T W yc)`` for a NumPy ``X``: a :class:`~rsketch.linalg.GramOperator`
+        (one pass over ``X`` per CG product; centring and weights inside, ``X`` not copied)."""
+        weights = None if bool(np.all(w == 1)) else w
+        center = x_mean if self.fit_intercept else None
+        gram = GramOperator(X, center=center, sample_weight=weights)
+        wy = (y - y_mean) * (w if y.ndim == 1 else w[:, None])
+        b = X.T @ wy
+        if center is not None:
+            b -= np.multiply.outer(center, wy.sum(axis=0))
+        return gram, b
+
+    def _operator_gram(self, X, y, w, xp, x_mean, y_mean):
+        """``(Xc.T W Xc, Xc.T W yc)`` for a sparse or device ``X``: an operator of two products
+        (centring and weights inside, so a sparse ``X`` stays sparse), ``n``-sized work in ``X``'s
+        library and the result on the host."""
+        p = X.shape[1]
+        sw = xp.sqrt(w)
         x_mean_here = like(x_mean, y)  # in X's library, for the products
         Xw = X if bool(xp.all(w == 1)) else (sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None])
 
@@ -245,14 +293,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             (p, p), matvec=normal, rmatvec=normal, matmat=normal, rmatmat=normal, dtype=np.float64
         )
         b = xtu((y - like(y_mean, y)) * (sw[:, None] if y.ndim == 2 else sw))
-        res = nystrom_pcg(gram, b, alpha, tol=NYSTROM_TOL, seed=self.random_state)
-        coef = res.x
-        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
-        self.n_iter_, self.solver_ = int(res.iterations), "nystrom_pcg"
-        if is_non_numpy_array(y):  # the answer on X's device, as the other paths give it
-            coef, intercept = like(coef, y), like(np.asarray(intercept), y)
-        self._set_coefficients(coef, intercept)
-        return self
+        return gram, b
 
     def predict(self, X):
         """Predict ``X @ coef_.T + intercept_``.

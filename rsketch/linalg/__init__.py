@@ -6,6 +6,7 @@ low-rank approximation (:func:`range_finder`, :func:`svd`, :func:`eigh`, :func:`
 from rsketch.linalg._backward_error import backward_error
 from rsketch.linalg._common import default_sketch_size
 from rsketch.linalg._cqrrpt import InterpolativeResult, QRPivotedResult, interpolative, qr_pivoted
+from rsketch.linalg._gram import GramOperator
 from rsketch.linalg._lowrank import (
     EighResult,
     NystromResult,
@@ -23,6 +24,7 @@ from rsketch.linalg._results import ConvergenceWarning, LstsqResult, SolverLog
 __all__ = [
     "ConvergenceWarning",
     "EighResult",
+    "GramOperator",
     "InterpolativeResult",
     "LstsqResult",
     "NystromPCGResult",

@@ -105,6 +105,7 @@ def nystrom_pcg(
     mu,
     *,
     rank=None,
+    initial_rank=50,
     max_rank=1000,
     target_ratio=10.0,
     oversample=10,
@@ -119,13 +120,18 @@ def nystrom_pcg(
     Parameters
     ----------
     A : ndarray, sparse matrix or LinearOperator of shape (n, n), symmetric positive semi-definite
-        Only products ``A @ V`` are used (for ridge regression, ``A = X.T X`` as an operator).
+        Only products ``A @ V`` are used (for ridge regression, ``A = X.T X`` as an operator; a
+        :class:`GramOperator` makes each product one pass over ``X``, and with
+        ``sketch="sparse_sign"`` the sketch's first product costs ``O(s n p)``, not a GEMM).
     b : ndarray of shape (n,) or (n, k)
     mu : float > 0
     rank : int, optional
         The Nyström rank (``rank + oversample`` columns, :func:`rsketch.linalg.nystrom`). Default:
-        adaptive, 50 columns doubling (the old ones kept) until ``lambda_l <= target_ratio * mu``
-        or ``max_rank`` columns.
+        adaptive, ``initial_rank`` columns doubling (the old ones kept) until
+        ``lambda_l <= target_ratio * mu`` or ``max_rank`` columns.
+    initial_rank : int, default 50
+        The adaptive sketch's first round. Each round costs a product with ``A``: where that has a
+        cost of its own beyond the columns (a pass over a large ``X``), fewer, larger rounds pay.
     max_rank : int, default 1000
     target_ratio : float, default 10
         With ``lambda_l <= target_ratio mu`` the preconditioned condition number is about
@@ -175,6 +181,7 @@ def nystrom_pcg(
         raise ValueError(f"tol must lie in (0, 1), got {tol}")
     max_iter = n if max_iter is None else check_int(max_iter, "max_iter", minimum=1)
     max_rank = min(check_int(max_rank, "max_rank", minimum=1), n)
+    initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
     check_seed(seed)
     seeds = seed_sequence(seed)
     matvecs = 0
@@ -183,7 +190,9 @@ def nystrom_pcg(
         approx = nystrom(A, rank, sketch=sketch, oversample=oversample, seed=seeds.spawn(1)[0])
         matvecs += approx.U.shape[1]
     else:
-        approx, used = _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, target_ratio * mu)
+        approx, used = _adaptive_nystrom(
+            A, n, dtype, sketch, seeds, initial_rank, max_rank, target_ratio * mu
+        )
         matvecs += used
     P_inv = nystrom_preconditioner(approx, mu)
     B = b.reshape(n, -1).astype(np.result_type(dtype, b.dtype, np.float32), copy=False)
@@ -204,7 +213,7 @@ def nystrom_pcg(
     return NystromPCGResult(x, its, norms, converged, approx, matvecs)
 
 
-def _adaptive_nystrom(A, n, dtype, sketch, seeds, max_rank, threshold, start=50):
+def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     """Nyström approximation whose sketch doubles until ``lambda_l <= threshold`` or ``max_rank``.
 
     Each round keeps the columns it has (``Omega`` and ``Y = A Omega``, filled from the left in

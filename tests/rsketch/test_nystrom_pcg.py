@@ -119,6 +119,8 @@ def test_bad_input_and_max_iter_warning():
         nystrom_pcg(np.ones((50, 40)), np.ones(50), 1.0)
     with pytest.raises(ValueError, match="positive semi-definite"):
         nystrom_pcg(-A, np.ones(50), 1.0, rank=5)
+    with pytest.raises(ValueError, match="initial_rank"):
+        nystrom_pcg(A, np.ones(50), 1.0, initial_rank=0)
     with pytest.warns(ConvergenceWarning, match="max_iter=1"):
         res = nystrom_pcg(A, np.ones(50), 1e-8, rank=2, max_iter=1)
     assert not res.converged

@@ -29,11 +29,13 @@ from rsketch.operators import SketchOperator
 # augmented sketch-and-precondition would factor a sketch of at least p x p (O(p^3)) and sketch the
 # p identity rows; the Nyström preconditioner costs O(n p l) with l ~ the effective dimension.
 NYSTROM_MIN_FEATURES = 2000
-# Nyström columns at most: at 10,000 x 10,000 (d_eff = 3,133) the sketch's rank stopped at 1,600
-# and the fit took 13.5 s, against 13.8 s at 1,000 columns (187 CG iterations); docs/lowrank.md.
+# Nyström columns at most: at 10,000 x 10,000 (d_eff = 3,133) the sketch stops at 1,600 columns and
+# CG takes 90 iterations, against 187 at a cap of 1,000 (the fit 13.5 s against 13.8 s from rounds
+# of 50; docs/lowrank.md). Past about 1,600 the GEMM of a round costs more than the CG it saves.
 NYSTROM_MAX_RANK = 2000
 # The adaptive sketch's first round: each round is a pass over X (the sparse product, 0.2 s at
-# 10,000 x 10,000, whatever the width), so rounds of 200, 400, ... (12.5 s against 13.4 s from 50).
+# 10,000 x 10,000, whatever the width), so rounds of 200, 400, ...: 12.5 s against 13.1-13.9 s
+# for rounds from 50.
 NYSTROM_INITIAL_RANK = 200
 # Relative residual of the CG on X.T X + alpha I: the coefficients' error is about cond(X.T X + alpha I)
 # times this, and the preconditioned CG needs ~2 sqrt(kappa_P) more iterations per factor of 10.

@@ -53,7 +53,8 @@ class GramOperator(LinearOperator):
     Parameters
     ----------
     X : ndarray of shape (n, p), float32 or float64
-        Used as given (a C-ordered array is not copied); finite values are the caller's to check.
+        Used as given, never copied (C-ordered rows stream best); finite values are the caller's to
+        check.
     center : ndarray of shape (p,), optional
         Subtracted from every row (the weighted column means, for a fit with an intercept).
     sample_weight : ndarray of shape (n,), optional
@@ -83,7 +84,7 @@ class GramOperator(LinearOperator):
                 f"{getattr(X, 'dtype', '')} {getattr(X, 'shape', '')}"
             )
         n, p = X.shape
-        self.X = np.ascontiguousarray(X)
+        self.X = X  # any layout: the blocks' products take strided rows (a copy would double X)
         self.center = None if center is None else _vector(center, p, "center", X.dtype)
         self.sample_weight = (
             None if sample_weight is None else _vector(sample_weight, n, "sample_weight", X.dtype)

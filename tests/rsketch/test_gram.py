@@ -90,3 +90,17 @@ def test_bad_input():
         GramOperator(X, sample_weight=-w)
     with pytest.raises(ValueError, match="input_dim 20"):
         GramOperator(X).sketch(make_sketch("sparse_sign", 21, 5, seed=0))
+
+
+def test_a_fortran_ordered_design_is_used_in_place():
+    X, w, c = design(500, 120, seed=8)
+    Xf = np.asfortranarray(X)
+    G = GramOperator(Xf, center=c, sample_weight=w)
+    assert G.X is Xf
+    V = np.random.default_rng(9).standard_normal((120, 2))
+    ref = GramOperator(X, center=c, sample_weight=w)
+    expected = ref @ V  # the same sums in another order: equal to rounding of the largest entry
+    np.testing.assert_allclose(G @ V, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
+    S = make_sketch("sparse_sign", 120, 40, seed=1)
+    expected = ref.sketch(S)
+    np.testing.assert_allclose(G.sketch(S), expected, rtol=0, atol=1e-12 * np.abs(expected).max())

@@ -268,7 +268,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         (one pass over ``X`` per CG product; centring and weights inside, ``X`` not copied)."""
         weights = None if bool(np.all(w == 1)) else w
         center = x_mean if self.fit_intercept else None
-        gram = GramOperator(X, center=center, sample_weight=weights)
+        gram = GramOperator(X, center=center, sample_weight=weights, check_finite=False)  # validated
         wy = (y - y_mean) * (w if y.ndim == 1 else w[:, None])
         b = X.T @ wy
         if center is not None:

@@ -53,12 +53,14 @@ class GramOperator(LinearOperator):
     Parameters
     ----------
     X : ndarray of shape (n, p), float32 or float64
-        Used as given, never copied (C-ordered rows stream best); finite values are the caller's to
-        check.
+        Used as given, never copied (C-ordered rows stream best).
     center : ndarray of shape (p,), optional
         Subtracted from every row (the weighted column means, for a fit with an intercept).
     sample_weight : ndarray of shape (n,), optional
         Non-negative: row ``i`` counts ``sample_weight[i]`` times.
+    check_finite : bool, default True
+        Check that ``X``, ``center`` and ``sample_weight`` hold no NaN or infinity (one read of
+        ``X``); a caller that has checked them (``SketchedRidge``) skips it.
 
     Examples
     --------
@@ -77,7 +79,7 @@ class GramOperator(LinearOperator):
     True
     """
 
-    def __init__(self, X, *, center=None, sample_weight=None):
+    def __init__(self, X, *, center=None, sample_weight=None, check_finite=True):
         if not isinstance(X, np.ndarray) or X.ndim != 2 or X.dtype not in (np.float32, np.float64):
             raise TypeError(
                 f"X must be a 2-D float32 or float64 NumPy array, got {type(X).__name__} "
@@ -89,6 +91,10 @@ class GramOperator(LinearOperator):
         self.sample_weight = (
             None if sample_weight is None else _vector(sample_weight, n, "sample_weight", X.dtype)
         )
+        if check_finite:
+            for name, a in (("X", X), ("center", self.center), ("sample_weight", self.sample_weight)):
+                if a is not None and not np.isfinite(a).all():
+                    raise ValueError(f"{name} contains NaN or infinite values")
         if self.sample_weight is not None and (self.sample_weight < 0).any():
             raise ValueError("sample_weight must be non-negative")
         super().__init__(X.dtype, (p, p))

@@ -88,6 +88,15 @@ def test_bad_input():
         GramOperator(X, sample_weight=w[:-1])
     with pytest.raises(ValueError, match="sample_weight must be non-negative"):
         GramOperator(X, sample_weight=-w)
+    bad = X.copy()
+    bad[3, 4] = np.nan
+    with pytest.raises(ValueError, match="X contains NaN or infinite values"):
+        GramOperator(bad)
+    GramOperator(bad, check_finite=False)  # the caller's word
+    with pytest.raises(ValueError, match="center contains NaN"):
+        GramOperator(X, center=np.full(20, np.inf))
+    with pytest.raises(ValueError, match="sample_weight contains NaN"):
+        GramOperator(X, sample_weight=np.full(50, np.nan))
     with pytest.raises(ValueError, match="input_dim 20"):
         GramOperator(X).sketch(make_sketch("sparse_sign", 21, 5, seed=0))
 

@@ -33,6 +33,7 @@ NYSTROM_MIN_FEATURES = 2000
 # CG takes 90 iterations, against 187 at a cap of 1,000 (the fit 13.5 s against 13.8 s from rounds
 # of 50; docs/lowrank.md). Past about 1,600 the GEMM of a round costs more than the CG it saves.
 NYSTROM_MAX_RANK = 2000
+NYSTROM_SKETCH_BYTES = 256 << 20
 # The adaptive sketch's first round: each round is a pass over X (the sparse product, 0.2 s at
 # 10,000 x 10,000, whatever the width), so rounds of 200, 400, ...: 12.5 s against 13.1-13.9 s
 # for rounds from 50.
@@ -91,13 +92,15 @@ def _is_wide(n, p):
 
 
 def _nystrom_max_rank(X):
-    """The most Nyström columns for a wide ridge: ``NYSTROM_MAX_RANK``, and for a dense ``X`` at
-    most what keeps the sketch's two ``p x l`` buffers within half of ``X``'s bytes (1000 for a
-    sparse or device ``X``, the default of :func:`rsketch.linalg.nystrom_pcg`)."""
+    """The most Nyström columns for a wide ridge: ``NYSTROM_MAX_RANK``, at most ``n`` (the rank of
+    ``X.T X``), and for a dense ``X`` at most what keeps the sketch's two ``p x l`` buffers within
+    ``NYSTROM_SKETCH_BYTES`` or half of ``X``'s bytes, whichever is more (1000 for a sparse or
+    device ``X``, the default of :func:`rsketch.linalg.nystrom_pcg`)."""
     n, p = X.shape
     if not isinstance(X, np.ndarray):
         return min(p, 1000)
-    return int(min(p, NYSTROM_MAX_RANK, max(50, X.nbytes // (4 * p * X.itemsize))))
+    budget = max(X.nbytes // 2, NYSTROM_SKETCH_BYTES)
+    return int(max(1, min(p, n, NYSTROM_MAX_RANK, budget // (2 * p * X.itemsize))))
 
 
 class _SketchedLinearModel(RegressorMixin, BaseEstimator):

@@ -44,6 +44,10 @@ class NystromPCGResult:
     converged : bool
     preconditioner : NystromResult
         The Nyström approximation the preconditioner is built from (its rank is ``U.shape[1]``).
+        With the adaptive rank, an eigenvalue within rounding of the stabilising shift
+        (``sigma^2 <= 2 nu``) is zero and its column of ``U`` is zero: it has no direction to give,
+        and the preconditioner acts as the identity there, as the formula does for a zero
+        eigenvalue.
     matvecs : int
         Products of ``A`` with a vector (the Nyström sketch's columns included).
 
@@ -121,7 +125,7 @@ def nystrom_pcg(
     ----------
     A : ndarray, sparse matrix or LinearOperator of shape (n, n), symmetric positive semi-definite
         Only products ``A @ V`` are used (for ridge regression, ``A = X.T X`` as an operator; a
-        :class:`GramOperator` makes each product one pass over ``X``, and with
+        :class:`rsketch.linalg.GramOperator` makes each product one pass over ``X``, and with
         ``sketch="sparse_sign"`` the sketch's first product costs ``O(s n p)``, not a GEMM).
     b : ndarray of shape (n,) or (n, k)
     mu : float > 0
@@ -217,16 +221,18 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     """Nyström approximation whose sketch doubles until ``lambda_l <= threshold`` or ``max_rank``.
 
     Each round keeps the columns it has (``Omega`` and ``Y = A Omega``, filled from the left in
-    buffers of ``max_rank`` columns) and adds as many: ``A`` is applied to the new test block ``G``
-    as drawn (for a :class:`GramOperator` and a sparse sign sketch, in ``O(s n p)`` before the one
-    GEMM), and ``G = Omega C + Q R`` (``Omega``'s part projected out, then QR) gives the
-    new orthonormal columns ``Q`` and their products ``A Q = (A G - Y C) R^-1``. ``A`` is applied
-    to ``l`` columns in all (not ``2 l``). Between rounds only ``l x l`` matrices are factored:
-    ``B = Y_nu C^-1`` has ``B.T B = C^-T (Y_nu.T Y_nu) C^-1``, with
-    ``Y_nu.T Y_nu = Y.T Y + 2 nu sym(Omega.T Y) + nu^2 I`` (``Y.T Y`` and ``Omega.T Y`` grow by a
-    block column a round). At the end ``B``'s left singular vectors are ``B V Sigma^-1`` from that
-    eigendecomposition: one ``n x l`` GEMM, where the SVD of ``B`` cost several (5 s against 0.8 s
-    at ``10,000 x 2,000``). Returns ``(NystromResult, columns)``.
+    buffers of ``max_rank`` columns) and adds as many: ``A`` is applied to the new test block
+    ``G`` as drawn (for a :class:`~rsketch.linalg.GramOperator` and a sparse sign sketch, in
+    ``O(s n p)`` before the one GEMM), and ``G = Omega C + Q R`` (``Omega``'s part projected out,
+    then QR) gives the new orthonormal columns ``Q`` and their products
+    ``A Q = (A G - Y C) R^-1``. ``A`` is applied to ``l`` columns in all (not ``2 l``).
+
+    Between rounds only ``l x l`` matrices are factored: ``B = Y_nu C^-1`` has
+    ``B.T B = C^-T (Y_nu.T Y_nu) C^-1``, with ``Y_nu.T Y_nu = Y.T Y + 2 nu sym(Omega.T Y) + nu^2 I``
+    (``Y.T Y`` and ``Omega.T Y`` grow by a block column a round). At the end ``B``'s left singular
+    vectors are ``B V Sigma^-1`` from that eigendecomposition: one ``n x l`` GEMM, where the SVD
+    of ``B`` cost several (5 s against 0.8 s at ``10,000 x 2,000``).
+    Returns ``(NystromResult, columns)``.
     """
     Omega = np.empty((n, max_rank), dtype, order="F")
     Y = np.empty((n, max_rank), dtype, order="F")
@@ -288,7 +294,7 @@ def _orthonormalize_against(G, Omega):
         except np.linalg.LinAlgError:
             break
         cond = np.linalg.cond(L)
-        if not cond <= CHOLQR_MAX_COND:
+        if not cond <= (CHOLQR_MAX_COND if G.dtype == np.float64 else 1e2):  # _orth's limits
             break
         Q = Q @ np.linalg.inv(L).T  # Q R1^-1 with R1 = L.T, as _orth does it
         R = L.T @ R

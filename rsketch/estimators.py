@@ -468,8 +468,9 @@ class SketchedRidge(_SketchedLinearModel):
     ``alpha > 0`` and ``method="precondition"``) is solved instead on the normal equations
     ``(X.T X + alpha I) w = X.T y`` by conjugate gradients with the randomized Nyström
     preconditioner of Frangella, Tropp & Udell (2023) (:func:`rsketch.nystrom_pcg`, ``X.T X`` as an
-    operator: centring and weights inside its products, a sparse ``X`` is never densified);
-    ``solver_`` then reads ``"nystrom_pcg"``.
+    operator: centring and weights inside its products, ``X`` never copied and a sparse ``X`` never
+    densified; a NumPy ``X`` through :class:`rsketch.linalg.GramOperator`, one pass over ``X`` per
+    CG product); ``solver_`` then reads ``"nystrom_pcg"``.
 
     Parameters
     ----------

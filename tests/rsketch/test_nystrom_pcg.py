@@ -161,3 +161,16 @@ def test_wide_sparse_weighted_multi_target():
     assert ours.solver_ == "nystrom_pcg"
     np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-8, atol=1e-8 * np.abs(ref.coef_).max())
     np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["sparse_sign", "countsketch", "gaussian"])
+def test_the_adaptive_sketch_draws_the_operators_own_test_matrix(kind):
+    # a sparse sign's block is written from its pattern: bit for bit the operator's dense form
+    from rsketch.linalg._nystrom_pcg import _test_block
+    from rsketch.operators import make_sketch
+
+    for dtype in (np.float64, np.float32):
+        S = make_sketch(kind, 300, 40, seed=3, dtype=dtype)
+        G = _test_block(S, dtype)
+        assert G.flags.f_contiguous and G.dtype == dtype
+        np.testing.assert_array_equal(G, np.asarray(S.to_dense().T, dtype=dtype))

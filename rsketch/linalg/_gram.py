@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
+from rsketch._validation import check_finite as _check_finite
 from rsketch.linalg._lowrank import _sparse_product
 from rsketch.operators import SketchOperator, SparseSign
 
@@ -94,8 +95,8 @@ class GramOperator(LinearOperator):
         )
         if check_finite:
             for name, a in (("X", X), ("center", self.center), ("sample_weight", self.sample_weight)):
-                if a is not None and not np.isfinite(a).all():
-                    raise ValueError(f"{name} contains NaN or infinite values")
+                if a is not None:
+                    _check_finite(a, name)
         if self.sample_weight is not None and (self.sample_weight < 0).any():
             raise ValueError("sample_weight must be non-negative")
         super().__init__(X.dtype, (p, p))

@@ -63,11 +63,6 @@ def _follow(a, X):
     return like(np.asarray(to_host(a)), X)
 
 
-def _outer(a, b):
-    """``numpy.multiply.outer`` for a vector ``a`` and a scalar or vector ``b``, in their library."""
-    return a * b if b.ndim == 0 else a[:, None] * b[None, :]
-
-
 def _library_and_device(a):
     if not is_non_numpy_array(a):
         return "numpy", "cpu"
@@ -237,9 +232,10 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
 
     def _fit_nystrom(self, X, y, w, alpha):
         """Ridge on a wide design: ``(Xc.T W Xc + alpha I) coef = Xc.T W yc`` by Nyström-preconditioned CG
-        (:func:`rsketch.linalg.nystrom_pcg`), with ``Xc.T W Xc`` an operator (centring and weights
-        inside the products, so ``X`` is never copied and a sparse ``X`` stays sparse). The
-        ``n``-sized work stays in ``X``'s library (the products); the ``p``-sized CG runs on the host."""
+        (:func:`rsketch.linalg.nystrom_pcg`), with ``Xc.T W Xc`` a :class:`~rsketch.linalg.GramOperator`
+        (centring and weights inside the products, so ``X`` is never copied and a sparse ``X`` stays
+        sparse). The ``n``-sized work stays in ``X``'s library (the products); the ``p``-sized CG runs
+        on the host."""
         p = X.shape[1]
         xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
         wsum = float(xp.sum(w))
@@ -248,10 +244,10 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             y_mean = to_host(w @ y) / wsum
         else:
             x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
-        if isinstance(X, np.ndarray):
-            gram, b = self._dense_gram(X, y, w, x_mean, y_mean)
-        else:
-            gram, b = self._operator_gram(X, y, w, xp, x_mean, y_mean)
+        weights = None if bool(xp.all(w == 1)) else to_host(w)
+        center = x_mean if self.fit_intercept else None
+        gram = GramOperator(X, center=center, sample_weight=weights, check_finite=False)  # validated
+        b = to_host(gram.transpose_weighted(y - like(y_mean, y)))
         # a sparse sign test matrix: for a NumPy X, F S.T from its pattern, so the sketch is one
         # GEMM, not two; every other X gets the same matrix, dense, and so the same preconditioner
         res = nystrom_pcg(
@@ -265,43 +261,6 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             coef, intercept = like(coef, y), like(np.asarray(intercept), y)
         self._set_coefficients(coef, intercept)
         return self
-
-    def _dense_gram(self, X, y, w, x_mean, y_mean):
-        """``(Xc.T W Xc, Xc.T W yc)`` for a NumPy ``X``: a :class:`~rsketch.linalg.GramOperator`
-        (one pass over ``X`` per CG product; centring and weights inside, ``X`` not copied)."""
-        weights = None if bool(np.all(w == 1)) else w
-        center = x_mean if self.fit_intercept else None
-        gram = GramOperator(X, center=center, sample_weight=weights, check_finite=False)  # validated
-        wy = (y - y_mean) * (w if y.ndim == 1 else w[:, None])
-        b = X.T @ wy
-        if center is not None:
-            b -= np.multiply.outer(center, wy.sum(axis=0))
-        return gram, b
-
-    def _operator_gram(self, X, y, w, xp, x_mean, y_mean):
-        """``(Xc.T W Xc, Xc.T W yc)`` for a sparse or device ``X``: an operator of two products
-        (centring and weights inside, so a sparse ``X`` stays sparse), ``n``-sized work in ``X``'s
-        library and the result on the host."""
-        p = X.shape[1]
-        sw = xp.sqrt(w)
-        x_mean_here = like(x_mean, y)  # in X's library, for the products
-        Xw = X if bool(xp.all(w == 1)) else (sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None])
-
-        def xv(V):  # diag(sw) (X - 1 x_mean.T) V, in X's library
-            V = like(np.asarray(V), y)
-            return xp.asarray(Xw @ V) - _outer(sw, x_mean_here @ V)
-
-        def xtu(U):  # (X - 1 x_mean.T).T diag(sw) U, on the host
-            return to_host(xp.asarray(Xw.T @ U) - _outer(x_mean_here, sw @ U))
-
-        def normal(V):
-            return xtu(xv(V))
-
-        gram = LinearOperator(
-            (p, p), matvec=normal, rmatvec=normal, matmat=normal, rmatmat=normal, dtype=np.float64
-        )
-        b = xtu((y - like(y_mean, y)) * (sw[:, None] if y.ndim == 2 else sw))
-        return gram, b
 
     def predict(self, X):
         """Predict ``X @ coef_.T + intercept_``.

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
+from rsketch._backend import array_namespace, is_non_numpy_array, like, numpy_namespace, to_host
 from rsketch._validation import check_finite as _check_finite
 from rsketch.linalg._lowrank import _sparse_product
 from rsketch.operators import SketchOperator, SparseSign
@@ -45,17 +46,21 @@ SKETCH_CHUNK_BYTES = 64 << 20
 
 
 class GramOperator(LinearOperator):
-    """``F.T F`` with ``F = diag(sqrt(sample_weight)) (X - 1 center.T)``, for a dense NumPy ``X``.
+    """``F.T F`` with ``F = diag(sqrt(sample_weight)) (X - 1 center.T)``: dense, sparse or on a device.
 
     A symmetric positive semi-definite ``(p, p)`` LinearOperator for :func:`rsketch.linalg.nystrom_pcg`
-    (ridge regression: ``nystrom_pcg(GramOperator(X), X.T @ y, alpha)``). A product with up to
-    eight columns reads ``X`` once, in blocks of rows that stay in cache; :meth:`sketch` applies
-    a sparse sign test matrix in ``O(s n p)`` before the one GEMM. ``F`` is never formed.
+    (ridge regression: ``nystrom_pcg(G, G.transpose_weighted(y - y_mean), alpha)``); its products
+    are NumPy arrays on the host. ``F`` is never formed. For a dense NumPy ``X`` a product with up
+    to eight columns reads ``X`` once, in blocks of rows that stay in cache, and :meth:`sketch`
+    applies a sparse sign test matrix in ``O(s n p)`` before the one GEMM. A SciPy sparse ``X``
+    stays sparse, and an ``X`` of another array-API library (CuPy) stays on its device: there each
+    product is two, in ``X``'s library.
 
     Parameters
     ----------
-    X : ndarray of shape (n, p), float32 or float64
-        Used as given, never copied (C-ordered rows stream best).
+    X : array of shape (n, p), float32 or float64
+        NumPy, SciPy sparse, or another array-API library's. Used as given, never copied (a NumPy
+        ``X`` streams best C-ordered).
     center : ndarray of shape (p,), optional
         Subtracted from every row (the weighted column means, for a fit with an intercept).
     sample_weight : ndarray of shape (n,), optional
@@ -82,16 +87,17 @@ class GramOperator(LinearOperator):
     """
 
     def __init__(self, X, *, center=None, sample_weight=None, check_finite=True):
-        if not isinstance(X, np.ndarray) or X.ndim != 2 or X.dtype not in (np.float32, np.float64):
+        dtype = _host_dtype(X)
+        if dtype is None or X.ndim != 2:
             raise TypeError(
-                f"X must be a 2-D float32 or float64 NumPy array, got {type(X).__name__} "
-                f"{getattr(X, 'dtype', '')} {getattr(X, 'shape', '')}"
+                "X must be a 2-D float32 or float64 array (NumPy, SciPy sparse or another array-API "
+                f"library's), got {type(X).__name__} {getattr(X, 'dtype', '')} {getattr(X, 'shape', '')}"
             )
         n, p = X.shape
         self.X = X  # any layout: the blocks' products take strided rows (a copy would double X)
-        self.center = None if center is None else _vector(center, p, "center", X.dtype)
+        self.center = None if center is None else _vector(center, p, "center", dtype)
         self.sample_weight = (
-            None if sample_weight is None else _vector(sample_weight, n, "sample_weight", X.dtype)
+            None if sample_weight is None else _vector(sample_weight, n, "sample_weight", dtype)
         )
         if check_finite:
             for name, a in (("X", X), ("center", self.center), ("sample_weight", self.sample_weight)):
@@ -99,7 +105,10 @@ class GramOperator(LinearOperator):
                     _check_finite(a, name)
         if self.sample_weight is not None and (self.sample_weight < 0).any():
             raise ValueError("sample_weight must be non-negative")
-        super().__init__(X.dtype, (p, p))
+        # the vectors in X's library too, for the products of a device X (the host ones otherwise)
+        self._center_x = None if self.center is None else like(self.center, X)
+        self._weight_x = None if self.sample_weight is None else like(self.sample_weight, X)
+        super().__init__(dtype, (p, p))
 
     def _adjoint(self):
         return self
@@ -111,8 +120,8 @@ class GramOperator(LinearOperator):
 
     def _matmat(self, V):
         V = np.asarray(V, dtype=self.dtype)
-        if V.shape[1] > FUSED_MAX_COLUMNS:
-            return self._two_products(V)
+        if V.shape[1] > FUSED_MAX_COLUMNS or not isinstance(self.X, np.ndarray):
+            return to_host(self.transpose_weighted(self._centred_product(V)))
         X = self.X
         n, p = X.shape
         rows = max(16, FUSED_BLOCK_BYTES // (p * X.itemsize))
@@ -136,17 +145,34 @@ class GramOperator(LinearOperator):
 
     _rmatmat = _matmat
 
-    def _two_products(self, V):
-        """``(X - 1 c.T).T W (X - 1 c.T) V`` as two GEMMs over the whole of ``X``."""
+    def _centred_product(self, V):
+        """``(X - 1 c.T) V`` in ``X``'s library (a sparse ``X``: NumPy)."""
+        V = like(V, self.X)
         t = self.X @ V
+        return t if self.center is None else t - self._center_x @ V
+
+    def transpose_weighted(self, T):
+        """``(X - 1 center.T).T diag(sample_weight) T`` for ``T`` of shape ``(n,)`` or ``(n, k)``, in
+        ``X``'s library (a sparse ``X``: NumPy). With ``T = y - y_mean`` it is the right-hand side of
+        the ridge's normal equations, ``F.T W^1/2 (y - y_mean)``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> X, c = np.arange(6.0).reshape(3, 2), np.array([2.0, 3.0])
+        >>> GramOperator(X, center=c, sample_weight=np.array([1.0, 0.0, 2.0])).transpose_weighted(
+        ...     np.ones(3)).tolist()
+        [2.0, 2.0]
+        """
+        xp = numpy_namespace() if sp.issparse(self.X) else array_namespace(self.X)
+        vector = T.ndim == 1
+        T = xp.reshape(T, (-1, 1)) if vector else T
+        if self._weight_x is not None:
+            T = T * self._weight_x[:, None]
+        out = self.X.T @ T
         if self.center is not None:
-            t -= self.center @ V
-        if self.sample_weight is not None:
-            t *= self.sample_weight[:, None]
-        out = self.X.T @ t
-        if self.center is not None:
-            out -= np.outer(self.center, t.sum(axis=0))
-        return out
+            out = out - self._center_x[:, None] * xp.sum(T, axis=0)[None, :]
+        return xp.reshape(out, (-1,)) if vector else out
 
     def sketch(self, S: SketchOperator) -> np.ndarray:
         """``F.T F S.T`` for a sketch ``S`` of shape ``(l, p)``: ``(p, l)``, in ``X``'s dtype.
@@ -157,7 +183,7 @@ class GramOperator(LinearOperator):
         """
         if not isinstance(S, SketchOperator) or S.input_dim != self.shape[0]:
             raise ValueError(f"S must be a SketchOperator with input_dim {self.shape[0]}, got {S!r}")
-        if not isinstance(S, SparseSign):
+        if not isinstance(S, SparseSign) or not isinstance(self.X, np.ndarray):
             return self._matmat(np.asarray(S.to_dense().T, dtype=self.dtype))
         X = self.X
         n, p = X.shape
@@ -192,8 +218,20 @@ class GramOperator(LinearOperator):
         return out.T
 
 
+def _host_dtype(X):
+    """float32 or float64 for a NumPy, SciPy sparse or other array-API ``X`` of that type; else None."""
+    if isinstance(X, np.ndarray) or sp.issparse(X):
+        return X.dtype if X.dtype in (np.float32, np.float64) else None
+    if not is_non_numpy_array(X):
+        return None
+    xp = array_namespace(X)
+    if X.dtype == xp.float64:
+        return np.dtype(np.float64)
+    return np.dtype(np.float32) if X.dtype == xp.float32 else None
+
+
 def _vector(v, size, name, dtype):
-    v = np.asarray(v, dtype=dtype)
+    v = np.asarray(to_host(v), dtype=dtype)
     if v.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), got {v.shape}")
     return v

@@ -3,6 +3,7 @@ dense matrix, and Nyström-preconditioned CG through it against the same CG on t
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from scipy.sparse.linalg import aslinearoperator
 from sklearn.linear_model import Ridge
 
@@ -78,7 +79,7 @@ def test_wide_dense_weighted_multi_target_ridge_matches_sklearn():
 
 def test_bad_input():
     X, w, c = design(50, 20)
-    with pytest.raises(TypeError, match="X must be a 2-D float32 or float64 NumPy array"):
+    with pytest.raises(TypeError, match=r"X must be a 2-D float32 or float64 array \(NumPy, SciPy sparse"):
         GramOperator(X.astype(np.int64))
     with pytest.raises(TypeError, match="X must be"):
         GramOperator(X.tolist())
@@ -99,6 +100,33 @@ def test_bad_input():
         GramOperator(X, sample_weight=np.full(50, np.nan))
     with pytest.raises(ValueError, match="input_dim 20"):
         GramOperator(X).sketch(make_sketch("sparse_sign", 21, 5, seed=0))
+
+
+def test_sparse_and_device_designs_give_the_dense_products():
+    # a sparse X stays sparse and a device X on its device: two products in its library, on the host
+    from .array_api_standin import host, on_device
+
+    X, w, c = design(400, 90, seed=10)
+    X[np.abs(X) < 0.5] = 0.0
+    ref = GramOperator(X, center=c, sample_weight=w)
+    V = np.random.default_rng(11).standard_normal((90, 3))
+    y = np.random.default_rng(12).standard_normal(400)
+    S = make_sketch("sparse_sign", 90, 40, seed=2)
+    sparse = GramOperator(sp.csr_matrix(X), center=c, sample_weight=w)
+    device = GramOperator(on_device(X), center=c, sample_weight=w)
+    right_sides = (
+        (sparse, sparse.transpose_weighted(y)),
+        (device, host(device.transpose_weighted(on_device(y)))),  # in X's library: on the device
+    )
+    for other, rhs in right_sides:
+        for got, expected in (
+            (other @ V, ref @ V),
+            (other @ V[:, 0], ref @ V[:, 0]),
+            (other.sketch(S), ref.sketch(S)),
+            (rhs, ref.transpose_weighted(y)),
+        ):
+            assert isinstance(got, np.ndarray)
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
 
 
 def test_a_fortran_ordered_design_is_used_in_place():

@@ -1,8 +1,9 @@
 """LLVM intrinsics that numba lacks: a cache prefetch, and products of quantized weight rows in registers.
 
-numba compiles scalar loops and leaves vectorization to LLVM. Two things the engine needs do not
-come out of that: a software prefetch (numba has no spelling for it), and the product of GGUF
-weight blocks with float32 activations. Written as scalar numba, the dequantization of a
+numba compiles scalar loops and leaves vectorization to LLVM. Three things the engine needs do not
+come out of that: a software prefetch (numba has no spelling for it), a float32 ``exp`` that
+vectorizes (numba calls libm's scalar ``expf``; :func:`exp` is a polynomial LLVM can vectorize),
+and the product of GGUF weight blocks with float32 activations. Written as scalar numba, the dequantization of a
 32-weight block stays scalar (LLVM cannot prove that the float32 stores do not alias the bytes
 it reads, and the block's loop is too short for the loop vectorizer's runtime check), and a
 block's scale varies along the row, which the vectorizer cannot hoist. Here the whole loop over a
@@ -17,13 +18,14 @@ numba caches a compiled kernel by its own source file only: after a change here,
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from llvmlite.binding import get_host_cpu_features
 from numba import config, njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-__all__ = ["ROWS_DOT", "prefetch_l2", "prefetch_next_row"]
+__all__ = ["ROWS_DOT", "exp", "prefetch_l2", "prefetch_next_row"]
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
@@ -76,6 +78,80 @@ def prefetch_next_row(w, r, end, line):  # pragma: no cover - compiled
             prefetch_l2(row, k)
         r += 1
     return r
+
+
+@intrinsic
+def _float32_from_bits(typingctx, bits):  # pragma: no cover - compiled
+    """The float32 whose bit pattern is the int32 ``bits`` (a bitcast; numba has no spelling for it)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], _F32)
+
+    return sig, codegen
+
+
+# exp's constants (float32): Cody-Waite's two-part ln 2 and the minimax polynomial of Cephes'
+# expf on [-ln2/2, ln2/2]
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
+_EXP_POLY = tuple(
+    np.float32(c)
+    for c in (
+        1.9875691500e-4,
+        1.3981999507e-3,
+        8.3334519073e-3,
+        4.1665795894e-2,
+        1.6666665459e-1,
+        5.0000001201e-1,
+    )
+)
+#: exp is 0 below ``_EXP_MIN`` (a subnormal result is flushed) and infinite above ``_EXP_MAX``
+#: (ln of float32's largest value).
+_EXP_MIN, _EXP_MAX = np.float32(-87.33654), np.float32(88.72283)
+
+
+@njit(inline="always")
+def _exp_float32(x):  # pragma: no cover - compiled
+    # e^x = 2^n e^r: n = round(x / ln 2), r = x - n ln 2 in two parts (exact products), e^r by
+    # Cephes' polynomial, 2^n built from its bits as 2^(n - n // 2) 2^(n // 2), each factor a
+    # normal float32 for n in -126..128 and the products exact. Selects, not branches, so that
+    # loops vectorize.
+    xc = min(max(x, _EXP_MIN), _EXP_MAX)
+    n = np.floor(xc * _LOG2E + np.float32(0.5))
+    r = xc - n * _LN2_HI
+    r = r - n * _LN2_LO
+    c0, c1, c2, c3, c4, c5 = _EXP_POLY
+    p = ((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5
+    e = (p * (r * r) + r) + np.float32(1.0)
+    ni = np.int32(n)
+    half = ni >> np.int32(1)
+    e = e * _float32_from_bits((ni - half + np.int32(127)) << np.int32(23))
+    e = e * _float32_from_bits((half + np.int32(127)) << np.int32(23))
+    e = e if x >= _EXP_MIN else np.float32(0.0)
+    e = e if x <= _EXP_MAX else np.float32(np.inf)
+    return e if x == x else x  # NaN stays NaN
+
+
+def exp(x):
+    """``e**x`` for a float scalar, in compiled code: the polynomial below for float32, ``np.exp`` else.
+
+    numba compiles ``np.exp`` of a float32 to a call of libm's ``expf``, one value at a time (it
+    has no vector math library here), and a loop that calls it stays scalar. The float32 form
+    here is lane-wise arithmetic, a compare and a bitcast, which LLVM vectorizes: the softmax of
+    the attention kernel and SwiGLU run 16 values a vector operation. It is within 2 ulp of the
+    exact value (the tests check float32 arguments across the range against float64), 0 below
+    ``-87.34`` (where float32 would go subnormal), infinite above ``88.72``. float64
+    keeps ``np.exp`` (the exact tests). Call it from numba only.
+    """
+    return np.exp(x)
+
+
+@overload(exp, inline="always")
+def _exp_overload(x):  # pragma: no cover - compiled
+    if isinstance(x, types.Float) and x.bitwidth == 32:
+        return lambda x: _exp_float32(x)
+    return lambda x: np.exp(x)
 
 
 def _splat(builder, value, lanes):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._simd import prefetch_next_row
+from ._simd import exp, prefetch_next_row
 from ._xp import namespace
 from .quantized import QuantizedMatrix, quantized_linear
 
@@ -36,6 +36,7 @@ __all__ = [
     "rms_norm",
     "rope_and_store",
     "rows_times_weights",
+    "swiglu",
     "varlen_attention",
     "varlen_attention_args",
     "varlen_attention_run",
@@ -254,7 +255,49 @@ def linear(x, w):
     return out
 
 
-@njit(fastmath=_FM, cache=True)
+def _swiglu_rows(gu, one, out):  # pragma: no cover - compiled (serial and parallel below)
+    T, F = out.shape
+    for t in prange(T):
+        o = out[t]
+        g = gu[t, :F]
+        u = gu[t, F:]
+        for i in range(F):
+            o[i] = g[i] / (one + exp(-g[i])) * u[i]
+
+
+_swiglu_serial = njit(fastmath=_FM, error_model="numpy", cache=True)(_swiglu_rows)
+_swiglu_parallel = njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True)(_swiglu_rows)
+#: From this many outputs on, SwiGLU splits its rows across threads (a decode step's few rows
+#: take less time than waking the threads).
+_SWIGLU_PARALLEL = 1 << 16
+
+
+def swiglu(gate_up):
+    """``silu(gate) * up`` of fused ``gate_up`` rows ``[T, 2F]`` (gate first): ``[T, F]``.
+
+    ``silu(g) = g / (1 + exp(-g))``. NumPy float32 and float64 take one compiled pass (float32
+    with the vectorized :func:`decoding._simd.exp`, within 2 ulp of ``np.exp``); any other input
+    the array API's ``exp`` in three steps.
+
+    Examples
+    --------
+    >>> gu = np.array([[0.0, 2.0, 5.0, 1.0]])  # gate (0, 2), up (5, 1)
+    >>> np.round(swiglu(gu), 6).tolist()
+    [[0.0, 1.761594]]
+    """
+    xp = namespace(gate_up)
+    F = gate_up.shape[1] // 2
+    if xp is not np or gate_up.dtype not in (np.float32, np.float64) or gate_up.ndim != 2:
+        gate, up = gate_up[:, :F], gate_up[:, F:]
+        return gate / (1.0 + xp.exp(-gate)) * up
+    gate_up = np.ascontiguousarray(gate_up)
+    out = np.empty((gate_up.shape[0], F), dtype=gate_up.dtype)
+    kernel = _swiglu_parallel if out.size >= _SWIGLU_PARALLEL else _swiglu_serial
+    kernel(gate_up, gate_up.dtype.type(1.0), out)
+    return out
+
+
+@njit(fastmath=_FM, error_model="numpy", cache=True)
 def _rms_norm(x, w, eps, out):  # pragma: no cover - compiled
     T, d = x.shape
     for t in range(T):
@@ -341,7 +384,7 @@ def rope_and_store(qkv, cos, sin, n_q, n_kv, slots, kbuf, vbuf):
 _MASKED = -1e30
 
 
-@njit(parallel=True, fastmath=_FM, cache=True)
+@njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True)
 def _varlen_attention(
     q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, out
 ):  # pragma: no cover
@@ -376,7 +419,7 @@ def _varlen_attention(
                 m = max(m, acc)
             total = zero
             for j in range(n_keys):
-                e = np.exp(sc[base + j] - m)
+                e = exp(sc[base + j] - m)  # vectorized in float32 (decoding._simd.exp)
                 sc[base + j] = e
                 total += e
             inv = 1 / total

@@ -141,18 +141,6 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     return xp.ascontiguousarray(out_t.T)  # [N, V]
 
 
-def _swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    # silu(gate) * up = gate / (1 + exp(-gate)) * up, in one temporary
-    xp = namespace(gate)
-    if xp is not np:  # the array API has no out=
-        return gate / (1.0 + xp.exp(-gate)) * up
-    e = xp.exp(-gate)
-    e += 1.0
-    xp.divide(gate, e, out=e)
-    e *= up
-    return e
-
-
 class _Prefetcher:
     """A helper thread that pulls the next layer's weights into the CPU caches.
 
@@ -554,8 +542,7 @@ class Model:
             x = x + linear(xp.reshape(o, (T, H * D)), L.wo)  # [T, d]
             h = rms_norm(x, L.ffn_norm, eps)
             gu = linear(h, L.w_gate_up)  # [T, 2F]
-            F = gu.shape[1] // 2
-            x = x + linear(_swiglu(gu[:, :F], gu[:, F:]), L.w_down)  # [T, d]
+            x = x + linear(kernels.swiglu(gu), L.w_down)  # [T, d]
         cache.advance(seq_ids, counts)
         if pf is not None:
             pf.current = self.n_layers

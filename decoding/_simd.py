@@ -1,15 +1,16 @@
-"""LLVM intrinsics that numba lacks: a cache prefetch, and products of quantized weight rows in registers.
+"""LLVM intrinsics that numba lacks: a cache prefetch, a vector exp, products of quantized weight rows.
 
-numba compiles scalar loops and leaves vectorization to LLVM. Three things the engine needs do not
-come out of that: a software prefetch (numba has no spelling for it), a float32 ``exp`` that
-vectorizes (numba calls libm's scalar ``expf``; :func:`exp` is a polynomial LLVM can vectorize),
-and the product of GGUF weight blocks with float32 activations. Written as scalar numba, the dequantization of a
-32-weight block stays scalar (LLVM cannot prove that the float32 stores do not alias the bytes
-it reads, and the block's loop is too short for the loop vectorizer's runtime check), and a
-block's scale varies along the row, which the vectorizer cannot hoist. Here the whole loop over a
-row's blocks is LLVM IR: one vector load of a block's bytes, widening, conversion and a fused
-multiply-add by its scale per half, then a fused multiply-add into each token's accumulator.
-LLVM lowers the 16-lane vectors to one AVX-512 or two AVX2 registers.
+numba compiles scalar loops and leaves vectorization to LLVM. Three things the engine needs do
+not come out of that: a software prefetch (numba has no spelling for it), a float32 ``exp`` that
+vectorizes (numba calls libm's scalar ``expf``; :func:`exp` is a polynomial LLVM vectorizes), and
+the product of GGUF weight blocks with float32 activations. Written as scalar numba, the
+dequantization of a 32-weight block stays scalar (LLVM cannot prove that the float32 stores do
+not alias the bytes it reads, and the block's loop is too short for the loop vectorizer's runtime
+check), and a block's scale varies along the row, which the vectorizer cannot hoist. Here the
+whole loop over a row's blocks is LLVM IR: a broadcast load of each float32 scale, one vector
+load of a block's codes, widening, conversion and a fused multiply-add by its scale per half,
+then a fused multiply-add into each token's accumulator. LLVM lowers the 16-lane vectors to one
+AVX-512 or two AVX2 registers.
 
 numba caches a compiled kernel by its own source file only: after a change here, delete
 ``decoding/__pycache__/quantized.*.nb[ic]`` (or touch ``decoding/quantized.py``), or the kernels of
@@ -167,19 +168,17 @@ def _vector_call(builder, name, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
 
 
-def _half_splat(builder, byte_ptr, lanes):
-    """The little-endian float16 at ``byte_ptr`` (an i8*) in every lane of a float32 vector.
+def _float_splat(builder, byte_ptr, lanes):
+    """The float32 at ``byte_ptr`` (an i8*) in every lane of a vector.
 
-    Splat as 16-bit integers, then convert the vector: x86 loads the splat straight from memory
-    (``vpbroadcastw``) and converts it in one ``vcvtph2ps``; converting the scalar first, then
-    broadcasting, costs three shuffles a block, and the shuffle port was the product's bottleneck.
+    x86 loads it straight into every lane (``vbroadcastss``), with no shuffle: the blocks are
+    held with float32 scales for this. From the file's float16 scales, the broadcast and the
+    conversion (``vpbroadcastw``, ``vcvtph2ps``) cost two shuffle-port operations a scale, and
+    that port is the decode-step product's bottleneck (batch 1: the 30 layers' products in 5.2
+    in place of 6.0 ms).
     """
-    i16 = ir.IntType(16)
-    h = builder.load(builder.bitcast(byte_ptr, i16.as_pointer()), align=1)
-    vec = _splat(builder, h, lanes)
-    return builder.fpext(
-        builder.bitcast(vec, ir.VectorType(ir.HalfType(), lanes)), ir.VectorType(_F32, lanes)
-    )
+    h = builder.load(builder.bitcast(byte_ptr, _F32.as_pointer()), align=1)
+    return _splat(builder, h, lanes)
 
 
 def _permute(builder, table, index):
@@ -202,7 +201,7 @@ def _horizontal_sum(builder, v):
 
 def _rows_dot_codegen(kind, n_rows, tokens):
     """LLVM IR of ``n_rows`` rows of blocks times ``tokens`` float32 rows of ``x`` (see :data:`ROWS_DOT`)."""
-    block_bytes = 20 if kind == "q4_1" else 34
+    block_bytes = 24 if kind == "q4_1" else 36  # the held layout: float32 scales first
     halves = 2 if tokens == 1 else 1  # one token: two accumulators a row halve the chain of adds
 
     def codegen(context, builder, signature, args):
@@ -245,29 +244,29 @@ def _rows_dot_codegen(kind, n_rows, tokens):
                 xs.append((xlo, xhi))
             for r in range(n_rows):
                 base = builder.gep(rows[r], [builder.mul(b, ir.Constant(intp, block_bytes))])
-                d = _half_splat(builder, base, 16)
+                d = _float_splat(builder, base, 16)
                 if kind == "q4_1" and AVX512_TABLE:
                     # the block's 16 possible weights fma(d, q, m), q = 0..15, in one register;
                     # each nibble picks its weight with a permute (vpermps reads an index's low
                     # 4 bits, so the low nibble needs no mask): one FMA a block, not two FMAs and
                     # two conversions, and the same values bit for bit
-                    m = _half_splat(builder, builder.gep(base, [_I32(2)]), 16)
+                    m = _float_splat(builder, builder.gep(base, [_I32(4)]), 16)
                     table = _vector_call(builder, "llvm.fma.v16f32", [d, iota, m])
-                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
+                    qp = builder.bitcast(builder.gep(base, [_I32(8)]), b16p)
                     wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
                     hi = builder.lshr(wide, ir.Constant(wide.type, [4] * 16))
                     wlo = _permute(builder, table, wide)
                     whi = _permute(builder, table, hi)
                 elif kind == "q4_1":
-                    m = _half_splat(builder, builder.gep(base, [_I32(2)]), 16)
-                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
+                    m = _float_splat(builder, builder.gep(base, [_I32(4)]), 16)
+                    qp = builder.bitcast(builder.gep(base, [_I32(8)]), b16p)
                     wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
                     qlo = builder.uitofp(builder.and_(wide, ir.Constant(wide.type, [15] * 16)), vty)
                     qhi = builder.uitofp(builder.lshr(wide, ir.Constant(wide.type, [4] * 16)), vty)
                     wlo = _vector_call(builder, "llvm.fma.v16f32", [d, qlo, m])
                     whi = _vector_call(builder, "llvm.fma.v16f32", [d, qhi, m])
                 else:
-                    qp = builder.bitcast(builder.gep(base, [_I32(2)]), b16p)
+                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
                     q0 = builder.sitofp(builder.load(qp, align=1), vty)
                     q1 = builder.sitofp(builder.load(builder.gep(qp, [_I32(1)]), align=1), vty)
                     wlo, whi = builder.fmul(d, q0), builder.fmul(d, q1)
@@ -313,7 +312,8 @@ def _rows_dot(kind, n_rows, tokens):
 
 #: Intrinsics ``ROWS_DOT[kind, rows, tokens]``: ``(blocks, n_0, .., n_{rows-1}, x, t0)`` returns
 #: the ``rows * tokens`` sums ``s_it = sum_k x[t0 + t, k] * w_i[k]`` (row-major: ``s_00, s_01,
-#: ..``), ``w_i`` being row ``n_i`` of ``blocks`` dequantized: ``fma(d, q, m)`` for Q4_1 (rounded
+#: ..``), ``w_i`` being row ``n_i`` of ``blocks`` (in :class:`decoding.quantized.QuantizedMatrix`'s
+#: held layout, float32 scales first) dequantized: ``fma(d, q, m)`` for Q4_1 (rounded
 #: once, as :meth:`decoding.quantized.QuantizedMatrix.dequantize` computes it), ``d * q`` for
 #: Q8_0. One loop over the row's blocks in LLVM IR whose accumulators (a 16-lane vector per row
 #: and token; two for one token, to halve the chain of dependent adds) stay in registers: each

@@ -44,6 +44,24 @@ def test_dequantize_matches_gguf_and_the_float_path(qtype):
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+def test_held_layout_gives_the_file_bytes_back(qtype):
+    # Held with float32 scales (24 / 36 bytes a block): widening float16 is exact, so the file's
+    # bytes come back bit for bit, for the whole matrix and for chosen rows; scales spanning
+    # float16's range (subnormal to large) included.
+    rng = np.random.default_rng(5)
+    w = (rng.normal(size=(12, 128)) * np.logspace(-7, 4, 12)[:, None]).astype(np.float32)
+    raw = gguf.quants.quantize(w, qtype).reshape(12, -1)
+    qm = QuantizedMatrix.from_raw(raw, qtype, (12, 128))
+    assert qm.blocks.shape == (12, 4 * (24 if qtype == Q.Q4_1 else 36))
+    np.testing.assert_array_equal(qm.file_blocks(), raw)
+    np.testing.assert_array_equal(qm.file_blocks([3, 0, 11]), raw[[3, 0, 11]])
+    d = qm.blocks.reshape(12, 4, -1)[..., :4].copy().view("<f4")[..., 0]  # first scale of each block
+    np.testing.assert_array_equal(
+        d, raw.reshape(12, 4, -1)[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
+    )
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
 @pytest.mark.parametrize(("N", "K"), [(1, 32), (7, 64), (33, 576), (130, 1536)])
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 6, 7, 8, 13])
 def test_product_within_float32_rounding(qtype, N, K, T):

@@ -44,7 +44,9 @@ _log = logging.getLogger("decoding")
 
 #: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
 #: that cost models measured on the old engine are not reused.
-COST_MODEL_VERSION = 8  # 8: quantized weights (passes of eight tokens), points at 9 and 17
+#: 8: quantized weights (passes of eight tokens), points at 9 and 17; 9: float32 block scales,
+#: vectorized exp and SwiGLU (a decode step at batch 1 about 15% faster, at batch 8 about 12%).
+COST_MODEL_VERSION = 9
 
 #: The quick measurement (:meth:`CostModel.measure` with ``quick=True``): what the first speculative
 #: call and every re-measurement run, a few seconds on SmolLM2-135M. The grid has points at 9 and

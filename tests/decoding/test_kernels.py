@@ -122,15 +122,17 @@ def test_varlen_attention_mask_needs_sequences():
         varlen_attention(np.ones((1, 1, 2)), k, k, [0], [1], key_valid=np.ones((1, 2), dtype=bool))
 
 
-def test_exp_float32_within_one_ulp_and_its_limits():
+@pytest.mark.parametrize("fastmath", [False, {"reassoc", "contract"}])  # plain, and as the kernels compile it
+def test_exp_float32_within_one_ulp_and_its_limits(fastmath):
     # decoding._simd.exp, the vectorizable float32 exp of softmax and SwiGLU: float32 arguments
     # across the whole range against float64's exp (1.01 ulp measured; the docs promise 2), exact
-    # 0 below -87.34, infinity where float32 overflows, NaN kept.
+    # 0 below -87.34, infinity where float32 overflows, NaN kept. Reassociation must not undo the
+    # two-part reduction by ln 2 (it would cost tens of ulp at large arguments).
     from numba import njit
 
     from decoding._simd import exp
 
-    @njit
+    @njit(fastmath=fastmath, error_model="numpy")
     def apply(x, out):
         for i in range(x.size):
             out[i] = exp(x[i])

@@ -13,8 +13,10 @@ then a fused multiply-add into each token's accumulator. LLVM lowers the 16-lane
 AVX-512 or two AVX2 registers.
 
 numba caches a compiled kernel by its own source file only: after a change here, delete
-``decoding/__pycache__/quantized.*.nb[ic]`` (or touch ``decoding/quantized.py``), or the kernels of
-:mod:`decoding.quantized` keep the old code.
+``decoding/__pycache__/{quantized,kernels}.*.nb[ic]`` (or touch ``decoding/quantized.py`` and
+``decoding/kernels.py``), or the kernels of :mod:`decoding.quantized` and
+:mod:`decoding.kernels` keep the old code (the decoding tests' ``conftest.py`` deletes such stale
+builds before it runs).
 """
 
 from __future__ import annotations
@@ -143,7 +145,10 @@ def exp(x):
     the attention kernel and SwiGLU run 16 values a vector operation. It is within 2 ulp of the
     exact value (the tests check float32 arguments across the range against float64), 0 below
     ``-87.34`` (where float32 would go subnormal), infinite above ``88.72``. float64
-    keeps ``np.exp`` (the exact tests). Call it from numba only.
+    keeps ``np.exp`` (the exact tests). Call it from numba only, in functions compiled with at
+    most ``fastmath={"reassoc", "contract"}`` (the kernels' flags): with ``nsz`` or
+    ``fastmath=True`` LLVM also reorders the two-part reduction and the split power of two (up to
+    4.6 ulp, infinity above 88.38, NaN as infinity).
     """
     return np.exp(x)
 

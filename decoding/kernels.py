@@ -265,8 +265,10 @@ def _swiglu_rows(gu, one, out):  # pragma: no cover - compiled (serial and paral
             o[i] = g[i] / (one + exp(-g[i])) * u[i]
 
 
-_swiglu_serial = njit(fastmath=_FM, error_model="numpy", cache=True)(_swiglu_rows)
-_swiglu_parallel = njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True)(_swiglu_rows)
+# No reassociation here (no sum to vectorize): it would compute (g u) / (1 + e), which overflows
+# where g / (1 + e) * u does not.
+_swiglu_serial = njit(fastmath={"contract"}, error_model="numpy", cache=True)(_swiglu_rows)
+_swiglu_parallel = njit(parallel=True, fastmath={"contract"}, error_model="numpy", cache=True)(_swiglu_rows)
 #: From this many outputs on, SwiGLU splits its rows across threads (a decode step's few rows
 #: take less time than waking the threads).
 _SWIGLU_PARALLEL = 1 << 16
@@ -285,9 +287,11 @@ def swiglu(gate_up):
     >>> np.round(swiglu(gu), 6).tolist()
     [[0.0, 1.761594]]
     """
+    if gate_up.ndim != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must have shape (T, 2F), got {tuple(gate_up.shape)}")
     xp = namespace(gate_up)
     F = gate_up.shape[1] // 2
-    if xp is not np or gate_up.dtype not in (np.float32, np.float64) or gate_up.ndim != 2:
+    if xp is not np or gate_up.dtype not in (np.float32, np.float64):
         gate, up = gate_up[:, :F], gate_up[:, F:]
         return gate / (1.0 + xp.exp(-gate)) * up
     gate_up = np.ascontiguousarray(gate_up)

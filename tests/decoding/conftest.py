@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from .tiny_llama import write_tiny_llama
+
+
+def _drop_stale_kernel_caches():
+    """Delete numba's cached builds of the kernels that inline ``decoding/_simd.py`` when that file
+    is newer than them. numba checks only a function's own source file before reusing its cached
+    build, so after a change to ``_simd.py`` the tests would otherwise run the old ``exp`` and
+    block products (a fresh clone has no cache and is unaffected)."""
+    package = Path(__file__).resolve().parents[2] / "decoding"
+    simd = package / "_simd.py"
+    if not simd.exists():
+        return
+    for cached in (package / "__pycache__").glob("*.nb[ic]"):
+        if cached.name.startswith(("kernels.", "quantized.", "_simd.")) and (
+            cached.stat().st_mtime < simd.stat().st_mtime
+        ):
+            cached.unlink(missing_ok=True)
+
+
+_drop_stale_kernel_caches()
 
 
 @pytest.fixture(scope="session")

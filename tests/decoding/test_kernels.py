@@ -166,3 +166,27 @@ def test_swiglu_matches_the_formula(dtype, T):
     # a few roundings and exp's 1 ulp per value: relative, value by value
     assert np.all(np.abs(out - ref) <= 8 * np.finfo(dtype).eps * np.abs(ref))
     assert np.array_equal(swiglu(gu[:1]), out[:1])  # a row does not depend on the others
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_swiglu_at_the_extremes(dtype):
+    # Gates where exp(-g) overflows or underflows, infinities and NaN: what NumPy computes in the
+    # same dtype (silu(g) -> -0 as g -> -inf, g as g -> +inf; -inf / inf is NaN), value by value
+    # within a few roundings, or within the dtype's smallest normal number of it near zero.
+    from decoding.kernels import swiglu
+
+    g = np.array([-88.8, -100.0, -1e30, -3e38, -np.inf, 88.8, 1e30, 3e38, np.inf, np.nan, -87.0, 87.0])
+    gu = np.concatenate([g, np.full(g.size, 2.0)]).astype(dtype)[None, :]
+    gate, up = gu[:, : g.size], gu[:, g.size :]
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = (gate / (1 + np.exp(-gate)) * up)[0]
+    out = swiglu(gu)[0]
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    assert np.array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+    finite = np.isfinite(ref)
+    tiny = np.finfo(dtype).tiny
+    assert np.all(np.abs(out[finite] - ref[finite]) <= 8 * np.finfo(dtype).eps * np.abs(ref[finite]) + tiny)
+    with pytest.raises(ValueError, match="gate_up"):
+        swiglu(np.ones((2, 5), dtype))
+    with pytest.raises(ValueError, match="gate_up"):
+        swiglu(np.ones(4, dtype))

@@ -59,6 +59,18 @@ def test_held_layout_gives_the_file_bytes_back(qtype):
     np.testing.assert_array_equal(
         d, raw.reshape(12, 4, -1)[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
     )
+    # chosen float16 scales: negative, -0.0, the smallest subnormal, the largest finite
+    chosen = np.array([-1.5, -0.0, 6e-8, 65504.0, -6e-8, 0.0, 1e-4, -2.0], dtype="<f2")
+    blocks = raw.reshape(12 * 4, -1).copy()
+    blocks[:8, 0:2] = chosen[:, None].view(np.uint8)  # d of the first eight blocks
+    if qtype == Q.Q4_1:
+        blocks[:8, 2:4] = np.roll(chosen, 1)[:, None].view(np.uint8)  # and m
+    qm = QuantizedMatrix.from_raw(blocks, qtype, (12, 128))
+    np.testing.assert_array_equal(qm.file_blocks(), blocks.reshape(12, -1))
+    np.testing.assert_array_equal(
+        qm.dequantize(), dequantize(blocks.reshape(-1), qtype, (12, 128), dtype=np.float32)
+    )
+    np.testing.assert_array_equal(quantized_linear(np.eye(128, dtype=np.float32), qm), qm.dequantize().T)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])

@@ -268,6 +268,12 @@ def _matmat(A, Y, out=None):
 CHOLQR_MAX_COND = 1e5
 
 
+def _cholqr_limit(dtype) -> float:
+    """The largest ``cond(R)`` at which a Cholesky QR round is used, for ``dtype``: ``CHOLQR_MAX_COND``
+    in float64, ``1e2`` in float32 (Householder QR beyond)."""
+    return CHOLQR_MAX_COND if dtype == np.float64 else 1e2
+
+
 def _orth(Y, scratch=None):
     """Orthonormal basis of ``range(Y)``, in ``Y``'s precision, written into ``Y`` (a temporary)
     unless Householder's fallback returns a new array.
@@ -281,7 +287,7 @@ def _orth(Y, scratch=None):
     SciPy's wheels carry their own OpenBLAS, whose threads spin after a call and took a core
     from NumPy's (a product of NumPy's right after a ``trsm`` of SciPy's took twice as long).
     """
-    limit = CHOLQR_MAX_COND if Y.dtype == np.float64 else 1e2
+    limit = _cholqr_limit(Y.dtype)
     fortran = Y.flags.f_contiguous and not Y.flags.c_contiguous  # a block of a Fortran-ordered basis
     Y = Y if fortran else np.ascontiguousarray(Y)
     if scratch is None:

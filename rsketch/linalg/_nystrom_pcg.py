@@ -25,9 +25,9 @@ from scipy.sparse.linalg import LinearOperator
 
 from rsketch._validation import check_int, check_real, check_seed, seed_sequence
 from rsketch.linalg._gram import GramOperator
-from rsketch.linalg._lowrank import CHOLQR_MAX_COND, NystromResult, _check_matrix, nystrom
+from rsketch.linalg._lowrank import NystromResult, _check_matrix, _cholqr_limit, nystrom
 from rsketch.linalg._results import ConvergenceWarning
-from rsketch.operators import SparseSign, make_sketch
+from rsketch.operators import make_sketch
 
 
 @dataclass(frozen=True)
@@ -272,14 +272,11 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
 
 
 def _test_block(S, dtype):
-    """``S.T`` as a Fortran-ordered ``n x l`` array; a sparse sign's straight from its pattern
-    (``S.to_dense().T`` and the reordering copy took 0.34 s at 10,000 x 1,600)."""
-    if not isinstance(S, SparseSign):
-        return np.array(S.to_dense().T, dtype=dtype, order="F")
-    rows, signs = S.pattern()
-    G = np.zeros((S.input_dim, S.sketch_size), dtype, order="F")
-    G[np.arange(S.input_dim)[:, None], rows] = signs * S._scale  # distinct rows within a column
-    return G
+    """``S.T`` as a Fortran-ordered ``n x l`` array: the operator's own dense form (for a sparse
+    sign, the one :meth:`~rsketch.linalg.GramOperator.sketch` applies from its pattern), with no
+    copy beyond it where the dtype matches (``S.to_dense()`` is C-ordered, so its transpose is
+    Fortran-ordered already)."""
+    return np.asarray(S.to_dense().T, dtype=dtype, order="F")
 
 
 def _orthonormalize_against(G, Omega):
@@ -307,7 +304,7 @@ def _orthonormalize_against(G, Omega):
         except np.linalg.LinAlgError:
             break
         cond = np.linalg.cond(L)
-        if not cond <= (CHOLQR_MAX_COND if G.dtype == np.float64 else 1e2):  # _orth's limits
+        if not cond <= _cholqr_limit(G.dtype):  # _orth's rule
             break
         Q = Q @ np.linalg.inv(L).T  # Q R1^-1 with R1 = L.T, as _orth does it
         R = L.T @ R

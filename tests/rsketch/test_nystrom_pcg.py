@@ -165,7 +165,8 @@ def test_wide_sparse_weighted_multi_target():
 
 @pytest.mark.parametrize("kind", ["sparse_sign", "countsketch", "gaussian"])
 def test_the_adaptive_sketch_draws_the_operators_own_test_matrix(kind):
-    # a sparse sign's block is written from its pattern: bit for bit the operator's dense form
+    # the block is the operator's own dense form, bit for bit (GramOperator.sketch applies a sparse
+    # sign from its pattern: the same matrix), Fortran-ordered, in the dtype asked for
     from rsketch.linalg._nystrom_pcg import _test_block
     from rsketch.operators import make_sketch
 

@@ -108,14 +108,13 @@ class QuantizedMatrix:
                 f"got {raw.size}"
             )
         file_blocks = raw.reshape(N * K // _BLOCK, file_bytes)
-        held = np.empty((N * K // _BLOCK, held_bytes), dtype=np.uint8)
         scales = _F16[file_blocks[:, : 2 * n_scales].copy().view("<u2")]  # exact: float16 in float32
+        if not np.isfinite(scales).all():
+            raise ValueError(f"{ggml_type.name} data has non-finite block scales (corrupt data?)")
+        held = np.empty((N * K // _BLOCK, held_bytes), dtype=np.uint8)
         held[:, : 4 * n_scales] = scales.astype("<f4").view(np.uint8)
         held[:, 4 * n_scales :] = file_blocks[:, 2 * n_scales :]
-        qm = cls(held.reshape(N, K // _BLOCK * held_bytes), ggml_type, (N, K))
-        if not np.isfinite(qm._scales()).all():
-            raise ValueError(f"{ggml_type.name} data has non-finite block scales (corrupt data?)")
-        return qm
+        return cls(held.reshape(N, K // _BLOCK * held_bytes), ggml_type, (N, K))
 
     @classmethod
     def concatenate(cls, parts) -> QuantizedMatrix:
@@ -131,12 +130,6 @@ class QuantizedMatrix:
     def nbytes(self) -> int:
         """Bytes held (and read by one product)."""
         return self.blocks.nbytes
-
-    def _scales(self, blocks=None):
-        """The blocks' float32 scales ``[rows, K / 32, n_scales]`` (``d``, and ``m`` for Q4_1)."""
-        _, _, held_bytes, n_scales = QUANTIZED_TYPES[self.ggml_type]
-        b = (self.blocks if blocks is None else blocks).reshape(-1, self.shape[1] // _BLOCK, held_bytes)
-        return b[..., : 4 * n_scales].copy().view("<f4")
 
     def file_blocks(self, rows=None) -> np.ndarray:
         """The GGUF file's bytes of these blocks (or of rows ``rows``): uint8 ``[rows, K / 32 * file_bytes]``.

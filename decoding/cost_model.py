@@ -508,28 +508,59 @@ class DraftBudget:
             self.target_cost = self.target_cost.scaled(self.drift.last_ratio)
         self.drift = DriftCheck(self.target_cost, window=self.drift.window, tolerance=self.drift.tolerance)
 
-    def alphas(self, accepted: np.ndarray, rejected: np.ndarray) -> np.ndarray:
+    def alphas(self, accepted: np.ndarray, rejected: np.ndarray, pooled: bool = True) -> np.ndarray:
         """Per-sample acceptance estimates from accepted draft tokens and rejection events.
 
         ``(accepted + 2 g) / (accepted + rejected + 2)``, where ``g`` is the pooled estimate of
-        the whole batch (itself shrunk toward ``prior``): the maximum-likelihood estimate of a
-        geometric acceptance length with two pseudo-observations. The counts include the
-        speculative loop's shadow checks of trimmed drafts (one token each, censored like a
-        fully accepted draft when it matches).
+        the whole batch (itself shrunk toward ``prior``), or ``prior`` itself when ``pooled`` is
+        False: the maximum-likelihood estimate of a geometric acceptance length with two
+        pseudo-observations. The counts include the speculative loop's shadow checks of trimmed
+        drafts (one token each, censored like a fully accepted draft when it matches).
+
+        The loop pools for the rate objective (a newcomer under continuous batching starts at the
+        task's rate) and not for the makespan objective: there the sample that sets the end of a
+        static batch is often the one with no history (a model that rewrites its reference, whose
+        drafter rarely finds a draft), and the batch's rate, learnt from the samples that copy,
+        made the budget verify drafts for all of them and leave it decoding alone at the end.
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+        >>> b.alphas(np.array([9.0, 0.0]), np.zeros(2)).round(2).tolist()
+        [0.98, 0.91]
+        >>> b.alphas(np.array([9.0, 0.0]), np.zeros(2), pooled=False).round(2).tolist()
+        [0.91, 0.5]
         """
         a = np.asarray(accepted, dtype=float)
         r = np.asarray(rejected, dtype=float)
-        g = (a.sum() + 2 * self.prior) / (a.sum() + r.sum() + 2)
+        g = (a.sum() + 2 * self.prior) / (a.sum() + r.sum() + 2) if pooled else self.prior
         return np.clip((a + 2 * g) / (a + r + 2), 1e-6, 1 - 1e-6)
 
-    def finish_time(self, alphas, n, remaining, *, padded=False, first=0.0, steady=0.0):
+    @staticmethod
+    def offer_rates(offered: np.ndarray, asked: np.ndarray) -> np.ndarray:
+        """Per-sample probability that the drafter has a draft when asked: ``(offered + 1) / (asked + 2)``.
+
+        Each sample's own counts only (Laplace's rule), not pooled over the batch: in a static
+        batch the sample whose drafter finds nothing (a model that rewrites a reference instead of
+        copying it) is the one that sets the end, and the batch's rate says nothing about it.
+
+        Examples
+        --------
+        >>> DraftBudget.offer_rates(np.array([5, 0]), np.array([5, 4])).round(2).tolist()
+        [0.86, 0.17]
+        """
+        return (np.asarray(offered, dtype=float) + 1) / (np.asarray(asked, dtype=float) + 2)
+
+    def finish_time(self, alphas, n, remaining, *, padded=False, first=0.0, steady=0.0, offers=None):
         """Predicted seconds to finish a static batch if each sample keeps draft length ``n``.
 
-        ``n`` is ``[B]`` or ``[M, B]`` (``M`` allocations at once). Sample ``i`` gains
-        ``e_i = 1 + sum_{j <= n_i} alphas[i] ** j`` tokens per step, so it runs ``remaining[i] / e_i``
-        steps; while ``k`` samples run, a step costs ``cost(their tokens, k)`` (padded: ``k`` times
-        one plus their longest draft). ``first``/``steady`` ``[M]``: drafting cost of the first and
-        of each later step while a drafting sample runs.
+        ``n`` is ``[B]`` or ``[M, B]`` (``M`` allocations at once). Sample ``i`` has a draft in a
+        step with probability ``offers[i]`` (default 1: every step) and then gains
+        ``e_i = 1 + offers[i] * sum_{j <= n_i} alphas[i] ** j`` tokens per step, so it runs
+        ``remaining[i] / e_i`` steps of ``1 + offers[i] * n_i`` tokens; while ``k`` samples run, a
+        step costs ``cost(their tokens, k)`` (padded: ``k`` times one plus their longest draft).
+        ``first``/``steady`` ``[M]``: drafting cost of the first and of each later step while a
+        drafting sample runs.
 
         Examples
         --------
@@ -542,11 +573,13 @@ class DraftBudget:
         """
         a = np.clip(np.asarray(alphas, dtype=float), 0.0, 1 - 1e-9)
         n = np.atleast_2d(np.asarray(n, dtype=float))
-        e = 1 + a * (1 - a**n) / (1 - a)  # expected tokens per step
+        q = 1.0 if offers is None else np.asarray(offers, dtype=float)
+        e = 1 + q * a * (1 - a**n) / (1 - a)  # expected tokens per step
         steps = np.asarray(remaining, dtype=float) / e  # [M, B]
         order = np.argsort(steps, axis=1)
         steps = np.take_along_axis(steps, order, axis=1)
-        width = 1 + np.take_along_axis(n, order, axis=1)  # tokens per step of each sample
+        drafted = n if padded else q * n  # the padded layout pads every step to the longest draft
+        width = 1 + np.take_along_axis(np.broadcast_to(drafted, n.shape), order, axis=1)  # tokens per step
         B = steps.shape[1]
         running = B - np.arange(B)  # samples still running in segment k (those sorted k..B-1)
         if padded:
@@ -569,6 +602,7 @@ class DraftBudget:
         include_draft_cost: bool = False,
         setup=None,
         remaining=None,
+        offers=None,
     ):
         """Draft lengths (``<= lengths``) that make this batch fastest, by one of two objectives.
 
@@ -606,6 +640,11 @@ class DraftBudget:
         remaining : int array [B], optional
             Tokens each sample may still generate (``max_new_tokens`` less those it has); the
             makespan objective needs it (without it, the rate objective is used).
+        offers : float array [B], optional
+            For the makespan objective: how likely the drafter is to have a draft for each sample
+            in a later step (:meth:`offer_rates`; default 1). A sample the drafter rarely finds a
+            draft for gains little from later steps and sets the end of the batch, so that
+            drafting for the others only makes them wait for it.
         """
         alphas = np.asarray(alphas, dtype=float)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -654,7 +693,9 @@ class DraftBudget:
                 n = np.cumsum(n, axis=0) + held
                 held = n[-1].copy()
                 total[lo:hi] = np.atleast_1d(
-                    self.finish_time(alphas, n, rem, padded=padded, first=first[lo:hi], steady=steady[lo:hi])
+                    self.finish_time(
+                        alphas, n, rem, padded=padded, first=first[lo:hi], steady=steady[lo:hi], offers=offers
+                    )
                 )
             best = int(np.argmin(total))
             if total[best] > total[0] / (1 + self.margin):  # a predicted gain within the model's error

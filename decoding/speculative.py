@@ -275,6 +275,9 @@ class SpeculativeStats:
     accepted, rejected : float arrays [B]
         Per sample: accepted draft tokens and rejection events, shadow checks included (what the
         draft budget's acceptance estimates learn from).
+    asked, offered : float arrays [B]
+        Per sample: steps the drafter was asked for a draft (with room for one), and steps it had
+        one (the draft budget's :meth:`~decoding.cost_model.DraftBudget.offer_rates`).
     forwards : int
         Verification forwards.
     computed, padded : int
@@ -302,6 +305,8 @@ class SpeculativeStats:
 
     accepted: np.ndarray
     rejected: np.ndarray
+    asked: np.ndarray
+    offered: np.ndarray
     forwards: int = 0
     computed: int = 0
     padded: int = 0
@@ -315,7 +320,7 @@ class SpeculativeStats:
     @classmethod
     def for_samples(cls, n: int) -> SpeculativeStats:
         """Zero counters for a call of ``n`` samples."""
-        return cls(np.zeros(n), np.zeros(n))
+        return cls(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
 
     def record(self, i: int, *, accepted: int, verified: int) -> None:
         """Sample ``i`` accepted ``accepted`` of its ``verified`` draft tokens this step."""
@@ -380,26 +385,32 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
         none = [np.zeros(0, dtype=np.int64) for _ in active]
         return _Drafts(none, none)
     if budget is not None:
-        # pooled over every sample of the call, finished ones included: the prior of a sample with
-        # little history (a newcomer under continuous batching) is the task's rate so far
-        alphas = budget.alphas(stats.accepted, stats.rejected)[active]
+        # for this step's rate (prompts waiting), pooled over every sample of the call, finished
+        # ones included: the prior of a newcomer is the task's rate so far; for the time to finish
+        # a static batch, each sample's own (a sample with no history may be the one that lags)
+        makespan = horizon is not None and budget.objective == "makespan"
+        alphas = budget.alphas(stats.accepted, stats.rejected, pooled=not makespan)[active]
         if budget.draft_cost is not None:  # plan before drafting: it costs
             setup = drafter.pending(contexts, active)
             plan = budget.allocate(
                 alphas, room, padded=padded, include_draft_cost=True, setup=setup, remaining=horizon
             )
             room = np.minimum(room, plan)
-            if not plan.any():
-                budget.record_decision(False)
     proposal = drafter.propose(contexts, room, active)
     proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
     drafts = _Drafts(proposed, proposed, proposal.probs)
-    if budget is not None and drafts.lengths.sum():
-        keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon)
-        budget.record_decision(bool(keep.any()))
-        stats.trimmed += int((drafts.lengths - keep).sum())
-        drafts = _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed, proposal.probs)
-    return drafts
+    stats.asked[active] += room > 0
+    stats.offered[active] += drafts.lengths > 0
+    if budget is None:
+        return drafts
+    if not drafts.lengths.any():  # nothing to verify: a quiet step, as one the budget cut
+        budget.record_decision(False)
+        return drafts
+    offers = budget.offer_rates(stats.offered, stats.asked)[active]
+    keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon, offers=offers)
+    budget.record_decision(bool(keep.any()))
+    stats.trimmed += int((drafts.lengths - keep).sum())
+    return _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed, proposal.probs)
 
 
 def _judge(rows, *, drafts: _Drafts, active, verify, sampling, rng, stats) -> list[tuple[int, list[int]]]:

@@ -163,3 +163,34 @@ def test_quiet_budget_backs_off_and_one_draft_resets_it():
     assert gaps.tolist()[:4] == [2, 3, 5, 9] and gaps.max() <= 17  # skips 1, 2, 4, 8, ... 16 at most
     budget.record_decision(True)
     assert budget.should_propose() and budget.should_propose()  # drafting again: asked every step
+
+
+def test_makespan_counts_on_a_sample_the_drafter_rarely_serves():
+    from decoding.cost_model import CostModel, DraftBudget
+
+    # this CPU's curve (7 ms for 1 token, 11 for 4, 63 for 32): four samples that accept 97% of
+    # their draft tokens, 12 tokens left each. Drafting for all pays when every sample has a draft
+    # most steps; when the drafter finds one for sample 1 in one step of ten, it lags anyway and
+    # the others' drafts only make them wait for it at a higher cost per step.
+    cost = CostModel((1, 2, 4, 8, 16, 32), (0.007, 0.009, 0.011, 0.018, 0.033, 0.063))
+    budget = DraftBudget(cost)
+    alphas, lengths, remaining = np.full(4, 0.97), np.full(4, 7), np.full(4, 12)
+    assert budget.allocate(alphas, lengths, remaining=remaining).sum() >= 16
+    often = np.full(4, 0.9)
+    assert budget.allocate(alphas, lengths, remaining=remaining, offers=often).sum() >= 16
+    rarely = np.array([0.9, 0.1, 0.9, 0.9])
+    assert budget.allocate(alphas, lengths, remaining=remaining, offers=rarely).sum() == 0
+    # the prediction itself: sample 1 then runs 12 / (1 + 0.1 * 6.2) steps against 1.9 for the others
+    t0 = budget.finish_time(alphas, np.zeros(4), remaining, offers=rarely)
+    t7 = budget.finish_time(alphas, lengths, remaining, offers=rarely)
+    assert t0 == pytest.approx(12 * cost.cost(4)) and t7 > t0
+    # the rate objective (one step) does not look ahead: offers do not enter it
+    assert budget.allocate(alphas, lengths, offers=rarely).sum() > 0
+
+
+def test_offer_rates_are_each_samples_own():
+    from decoding.cost_model import DraftBudget
+
+    q = DraftBudget.offer_rates(np.array([0, 9, 30]), np.array([0, 9, 30]))
+    assert q.tolist() == [0.5, 10 / 11, 31 / 32]  # Laplace: no history is an even chance
+    assert DraftBudget.offer_rates(np.array([0, 9]), np.array([9, 9])).tolist() == [1 / 11, 10 / 11]

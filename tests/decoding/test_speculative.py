@@ -629,21 +629,28 @@ def test_budget_objective_is_checked():
     )  # the rate objective ignores remaining
 
 
-@pytest.mark.parametrize("layout", ["ems", "vanilla"])
-def test_budget_learns_from_drafts_it_trimmed(tiny64, layout):
+@pytest.mark.parametrize(
+    "layout, objective, most_forwards",
+    [("ems", "makespan", 12), ("ems", "rate", 12), ("vanilla", "rate", 12), ("vanilla", "makespan", 22)],
+)
+def test_budget_learns_from_drafts_it_trimmed(tiny64, layout, objective, most_forwards):
     """A budget that starts too pessimistic to draft still learns that the drafts would pay.
 
     Cost 1 for 4 tokens, + 0.15 per further token: a draft token pays only when its expected
     value exceeds 0.6, so at the prior (0.5) nothing is verified. The drafts are perfect; the
     shadow checks (each trimmed draft's first token against the target's choice) raise the
-    estimates within a few steps, after which drafts are verified and forwards saved.
+    estimates within a few steps, after which drafts are verified and forwards saved (23
+    one-token steps without the shadow checks). The rate objective pools the four samples'
+    checks; the makespan objective learns each sample from its own (an unknown sample may be
+    the one that sets the end), so under the padded layout's steep cost, where one sample's
+    draft pads all four, it drafts only near the end.
     """
     model, tok = tiny64
     ids = [tok.encode(t) for t in ["the cat", "in the hat sat a", "x", "a b c d e f"]]
     ref = _ar(model, tok, ids, 24)
     grid = np.arange(1, 65)
     cost = CostModel(tuple(grid), tuple(1.0 + 0.15 * np.maximum(grid - 4, 0) + 1e-9 * grid))
-    budget = DraftBudget(cost, prior=0.5)
+    budget = DraftBudget(cost, prior=0.5, objective=objective)
     assert budget.allocate(budget.alphas(np.zeros(4), np.zeros(4)), np.full(4, 7)).sum() == 0
     res = _run(
         model, tok, ids, layout=layout, drafter=PerfectDrafter(ids, ref.tokens, 0), max_new=24, budget=budget
@@ -651,7 +658,7 @@ def test_budget_learns_from_drafts_it_trimmed(tiny64, layout):
     assert res.tokens == ref.tokens
     assert res.stats["budget_shadow_checks"] > 0
     assert res.stats["draft_tokens"] > 0 and res.stats["acceptance_rate"] == 1.0
-    assert res.stats["verify_forwards"] <= 12  # 23 one-token steps without the shadow checks
+    assert res.stats["verify_forwards"] <= most_forwards
 
 
 def test_cost_model_measured_once_and_cached(tiny64, tmp_path):
@@ -702,3 +709,31 @@ def test_docstring_examples(module):
     mod = importlib.import_module(f"decoding.{module}")
     res = doctest.testmod(mod, extraglobs={"np": np}, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0 and res.attempted > 0
+
+
+class SilentDrafter(Drafter):
+    """Never has a draft (a prompt-lookup drafter on text that repeats nothing); counts the asks."""
+
+    name = "silent"
+
+    def __init__(self):
+        self.asked = 0
+
+    def propose(self, contexts, max_lens, samples):
+        self.asked += 1
+        return Proposal([np.zeros(0, dtype=np.int64) for _ in samples])
+
+
+def test_budget_stops_asking_a_drafter_that_has_nothing(tiny64):
+    """A step whose drafter proposed nothing is a quiet step, as one whose drafts the budget cut:
+    the drafter is asked again after 1, 2, 4, ... steps, and every step is the autoregressive one."""
+    model, tok = tiny64
+    ids = [tok.encode(t) for t in ["the cat", "in the hat sat a"]]
+    ref = _ar(model, tok, ids, 24)
+    drafter = SilentDrafter()
+    res = _run(model, tok, ids, layout="ems", drafter=drafter, max_new=24, budget=DraftBudget(CPU_COST))
+    assert res.tokens == ref.tokens
+    assert res.stats["verify_forwards"] == 23 and res.stats["draft_tokens"] == 0
+    assert drafter.asked == 5  # steps 1, 2, 4, 7, 12 of 23 (then 16 steps skipped)
+    res = _run(model, tok, ids, layout="ems", drafter=(plain := SilentDrafter()), max_new=24)
+    assert plain.asked == 23  # without a budget, every step asks

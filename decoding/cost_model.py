@@ -461,6 +461,24 @@ class DraftBudget:
             self._quiet += 1
             self._skip = min(2 ** (self._quiet - 1), 16)
 
+    def sample_joined(self) -> None:
+        """A new sample joined the batch (continuous batching): the next step asks the drafter.
+
+        The back-off of :meth:`record_decision` learnt that the drafter had nothing for the samples
+        then running; a newcomer (another prompt, perhaps one that quotes its reference) starts
+        the count afresh.
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+        >>> for _ in range(5):
+        ...     b.record_decision(False)
+        >>> b.sample_joined()
+        >>> b.should_propose()
+        True
+        """
+        self._quiet = self._skip = 0
+
     def observe_step(self, drafted: bool, seconds_outside_forward: float) -> None:
         """A live step's time outside its target forward: updates :attr:`step_overhead`.
 

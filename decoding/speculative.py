@@ -703,7 +703,10 @@ def speculative_generate(
             active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
             step_times.append(time.perf_counter() - t_step)
             while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)
-                active += start(*queue.admit(model, cache, seq, prompt_ids))
+                joined = start(*queue.admit(model, cache, seq, prompt_ids))
+                if joined and budget is not None:
+                    budget.sample_joined()
+                active += joined
     decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
     res = outs.result(prompt_ids, queue, decode_time, step_times, method=layout)
     res.stats.update(

@@ -737,3 +737,17 @@ def test_budget_stops_asking_a_drafter_that_has_nothing(tiny64):
     assert drafter.asked == 5  # steps 1, 2, 4, 7, 12 of 23 (then 16 steps skipped)
     res = _run(model, tok, ids, layout="ems", drafter=(plain := SilentDrafter()), max_new=24)
     assert plain.asked == 23  # without a budget, every step asks
+
+
+def test_a_sample_that_joins_restarts_the_back_off(tiny64):
+    """Under continuous batching the back-off learnt on one prompt does not carry over to the next:
+    each of three prompts through one slot is asked on its steps 1, 2, 4, 7, 12."""
+    model, tok = tiny64
+    ids = [tok.encode(t) for t in ["the cat", "in the hat sat a", "x"]]
+    ref = _ar(model, tok, ids, 24)
+    drafter = SilentDrafter()
+    res = _run(
+        model, tok, ids, layout="ems", drafter=drafter, max_new=24, budget=DraftBudget(CPU_COST), max_batch=1
+    )
+    assert res.tokens == ref.tokens
+    assert drafter.asked == 3 * 5

@@ -395,7 +395,7 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
             plan = budget.allocate(
                 alphas, room, padded=padded, include_draft_cost=True, setup=setup, remaining=horizon
             )
-            room = np.minimum(room, plan)
+            room = np.minimum(room, plan)  # all zero: the budget cut this step before drafting
     proposal = drafter.propose(contexts, room, active)
     proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
     drafts = _Drafts(proposed, proposed, proposal.probs)
@@ -403,8 +403,11 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
     stats.offered[active] += drafts.lengths > 0
     if budget is None:
         return drafts
-    if not drafts.lengths.any():  # nothing to verify: a quiet step, as one the budget cut
-        budget.record_decision(False)
+    if not drafts.lengths.any():  # nothing to verify: cut by the plan, or the drafter had nothing
+        if room.any():
+            budget.record_nothing_proposed()
+        else:
+            budget.record_decision(False)
         return drafts
     offers = budget.offer_rates(stats.offered, stats.asked)[active]
     keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon, offers=offers)

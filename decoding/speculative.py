@@ -380,6 +380,7 @@ class _Drafts:
 def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
     """Ask the drafter for each active sample's drafts and cut them to the room and the budget."""
     room = np.minimum(max_draft, left - 1)
+    open_room = bool(room.any())  # False at a batch's last step: no draft could be verified
     alphas = None
     if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
         none = [np.zeros(0, dtype=np.int64) for _ in active]
@@ -403,10 +404,10 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
     stats.offered[active] += drafts.lengths > 0
     if budget is None:
         return drafts
-    if not drafts.lengths.any():  # nothing to verify: cut by the plan, or the drafter had nothing
+    if not drafts.lengths.any():  # nothing to verify: the drafter had nothing, or the plan cut all
         if room.any():
             budget.record_nothing_proposed()
-        else:
+        elif open_room:  # the plan cut every draft (at the last step there was nothing to cut)
             budget.record_decision(False)
         return drafts
     offers = budget.offer_rates(stats.offered, stats.asked)[active]

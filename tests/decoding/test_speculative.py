@@ -34,7 +34,13 @@ from decoding.drafters import (
 )
 from decoding.model import PackedBatch
 from decoding.sampling import SamplingParams, filtered_probs
-from decoding.speculative import speculative_generate, verify_greedy, verify_sampling
+from decoding.speculative import (
+    SpeculativeStats,
+    _draft,
+    speculative_generate,
+    verify_greedy,
+    verify_sampling,
+)
 
 GREEDY = SamplingParams()
 
@@ -749,12 +755,13 @@ class CountingPerfectDrafter(PerfectDrafter):
         return super().propose(contexts, max_lens, samples)
 
 
-def test_a_sample_that_joins_restarts_the_back_off(tiny64):
-    """Under continuous batching the back-off learnt on one prompt does not carry over to the next.
+def test_a_sample_that_joins_is_asked_at_once(tiny64):
+    """Under continuous batching the steps a back-off still skips do not carry over to the next prompt.
 
     A forward of 2 tokens costs twice one: even perfect drafts never pay, so the budget cuts
-    every draft and backs off; each of three prompts through one slot is asked on its steps 1,
-    2, 4, 8 and 16 of 23."""
+    every draft and backs off (skipping 1, 2, 4, 8, 16 steps). The first of three prompts through
+    one slot is asked on its steps 1, 3, 6, 11 and 20 of 23; each later one on its first step,
+    then after the 16 steps the count of cuts so far sets."""
     model, tok = tiny64
     ids = [tok.encode(t) for t in ["the cat", "in the hat sat a", "x"]]
     ref = _ar(model, tok, ids, 24)
@@ -762,4 +769,84 @@ def test_a_sample_that_joins_restarts_the_back_off(tiny64):
     steep = DraftBudget(CostModel((1, 2), (1.0, 2.0)))
     res = _run(model, tok, ids, layout="ems", drafter=drafter, max_new=24, budget=steep, max_batch=1)
     assert res.tokens == ref.tokens and res.stats["draft_tokens"] == 0
-    assert drafter.asked == 3 * 5
+    assert drafter.asked == 5 + 2 + 2
+
+
+class _Scripted(Drafter):
+    """Proposes fixed drafts (one array per sample id); ``pending`` as a draft model's (one token)."""
+
+    name = "scripted"
+
+    def __init__(self, drafts):
+        self.drafts = drafts
+
+    def propose(self, contexts, max_lens, samples):
+        return Proposal([self.drafts[s][:k] for s, k in zip(samples, max_lens, strict=True)])
+
+    def pending(self, contexts, samples):
+        return np.ones(len(samples), dtype=np.int64)
+
+
+class _SpyBudget(DraftBudget):
+    def allocate(self, alphas, lengths, **kw):
+        self.seen = (np.array(alphas), kw.get("offers"))
+        return super().allocate(alphas, lengths, **kw)
+
+
+def _one_draft_step(budget, drafter, left, *, horizon, stats):
+    ctx = [np.arange(5)] * len(left)
+    return _draft(
+        drafter,
+        budget,
+        ctx,
+        [0, 1],
+        np.asarray(left),
+        max_draft=3,
+        padded=False,
+        horizon=horizon,
+        stats=stats,
+    )
+
+
+def test_draft_step_feeds_the_budget_each_samples_history():
+    """What one drafting step counts and passes on: asks and offers per sample; under the makespan
+    objective each sample's own estimate (sample 1, with no history, at the prior) and its offer
+    rate; for this step's rate (prompts waiting) the pooled estimate."""
+    drafter = _Scripted({0: np.array([1, 2, 3]), 1: np.zeros(0, dtype=np.int64)})
+    for horizon in (np.array([10, 10]), None):
+        stats = SpeculativeStats.for_samples(2)
+        stats.accepted[0], stats.asked[0], stats.offered[0] = 9, 4, 4
+        budget = _SpyBudget(FLAT_COST)
+        _one_draft_step(budget, drafter, [10, 10], horizon=horizon, stats=stats)
+        assert stats.asked.tolist() == [5, 1] and stats.offered.tolist() == [5, 0]
+        alphas, offers = budget.seen
+        if horizon is None:
+            pooled = budget.alphas(stats.accepted, stats.rejected)  # the rate objective's
+            assert alphas.tolist() == pytest.approx(pooled.tolist()) and alphas[1] > 0.9
+        else:
+            assert alphas.tolist() == pytest.approx([10 / 11, 0.5])
+            assert offers.tolist() == pytest.approx([6 / 7, 1 / 3])
+
+
+def test_draft_step_back_off_by_what_happened():
+    """A plan that cuts every draft backs off exponentially; a drafter with nothing, one step; the
+    last step of a batch (no room for a draft) records nothing."""
+    stats = SpeculativeStats.for_samples(2)
+    none = np.zeros(0, dtype=np.int64)
+
+    def pattern(budget, drafter, left):
+        _one_draft_step(budget, drafter, left, horizon=np.asarray(left), stats=stats)
+        budget.should_propose()  # the skipped step
+        _one_draft_step(budget, drafter, left, horizon=np.asarray(left), stats=stats)
+        return [budget.should_propose() for _ in range(3)]
+
+    steep = CostModel((1, 2), (1.0, 20.0))  # a draft model this dear never pays
+    cut = DraftBudget(FLAT_COST, draft_cost=steep)
+    assert pattern(cut, _Scripted({0: np.array([1]), 1: np.array([1])}), [10, 10]) == [False, False, True]
+    silent = DraftBudget(FLAT_COST)
+    assert pattern(silent, _Scripted({0: none, 1: none}), [10, 10]) == [False, True, True]
+    last = DraftBudget(FLAT_COST)
+    _one_draft_step(
+        last, _Scripted({0: np.array([1]), 1: np.array([1])}), [1, 1], horizon=np.ones(2), stats=stats
+    )
+    assert last.should_propose()

@@ -115,7 +115,7 @@ def _demo(args) -> int:
     t0 = time.perf_counter()
     model, tok = load_model(args.model)
     dt = time.perf_counter() - t0
-    print(f"loaded {args.model} ({model.nbytes / 1e6:.0f} MB of float32 weights) in {dt:.1f} s")
+    print(f"loaded {args.model} ({model.nbytes / 1e6:.0f} MB of {model.weight_format} weights) in {dt:.1f} s")
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in DEMO_QUESTIONS]
     res = generate(model, tok, prompts, max_new_tokens=args.max_new_tokens)
     for q, a in zip(DEMO_QUESTIONS, res.texts, strict=True):

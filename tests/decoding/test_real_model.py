@@ -176,4 +176,4 @@ def test_cli_generate_and_demo(real_model, monkeypatch, capsys):
     rc = cli_module.main(["demo", "--max-new-tokens", "8"])
     out = capsys.readouterr().out
     assert rc == 0 and out.count("Q: ") == 4 and "tok/s" in out
-    assert f"MB of {real_model.weight_format} weights" in out  # the default engine: "quantized"
+    assert "MB of quantized weights" in out  # the default engine, as the fixture loads it

@@ -177,3 +177,4 @@ def test_cli_generate_and_demo(real_model, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and out.count("Q: ") == 4 and "tok/s" in out
     assert "MB of quantized weights" in out  # the default engine, as the fixture loads it
+    assert out.count("identical text: True") == 2  # EMS-SD verifying every draft, and with the budget

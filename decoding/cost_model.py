@@ -573,6 +573,18 @@ class DraftBudget:
         g = (a.sum() + 2 * self.prior) / (a.sum() + r.sum() + 2) if pooled else self.prior
         return np.clip((a + 2 * g) / (a + r + 2), 1e-6, 1 - 1e-6)
 
+    def finishes_batch(self, remaining) -> bool:
+        """Whether :meth:`allocate` minimises the time to finish the batch (the makespan objective)
+        given ``remaining``, rather than maximising this step's rate.
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+        >>> b.finishes_batch(np.array([5, 9])), b.finishes_batch(None)
+        (True, False)
+        """
+        return remaining is not None and self.objective == "makespan"
+
     @staticmethod
     def offer_rates(offered: np.ndarray, asked: np.ndarray) -> np.ndarray:
         """Per-sample probability that the drafter has a draft when asked: ``(offered + 1) / (asked + 2)``.
@@ -616,7 +628,7 @@ class DraftBudget:
         order = np.argsort(steps, axis=1)
         steps = np.take_along_axis(steps, order, axis=1)
         drafted = n if padded else q * n  # the padded layout pads every step to the longest draft
-        width = 1 + np.take_along_axis(np.broadcast_to(drafted, n.shape), order, axis=1)  # tokens per step
+        width = 1 + np.take_along_axis(drafted, order, axis=1)  # tokens per step of each sample
         B = steps.shape[1]
         running = B - np.arange(B)  # samples still running in segment k (those sorted k..B-1)
         if padded:
@@ -710,7 +722,7 @@ class DraftBudget:
         # every step that verifies drafts pays the loop's overhead for it (learnt live)
         first = first + np.where(N > 0, self.step_overhead, 0.0)
         steady = steady + np.where(N > 0, self.step_overhead, 0.0)
-        if remaining is None or self.objective == "rate":
+        if not self.finishes_batch(remaining):
             gain = B + np.concatenate([[0.0], np.cumsum(val)])  # expected tokens, first N candidates
             tokens = B * (1 + longest) if padded else B + N
             rate = gain / (self.target_cost.cost(tokens, B) + first)

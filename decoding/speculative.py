@@ -380,8 +380,7 @@ class _Drafts:
 def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
     """Ask the drafter for each active sample's drafts and cut them to the room and the budget."""
     room = np.minimum(max_draft, left - 1)
-    open_room = bool(room.any())  # False at a batch's last step: no draft could be verified
-    alphas = None
+    alphas, cut = None, False
     if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
         none = [np.zeros(0, dtype=np.int64) for _ in active]
         return _Drafts(none, none)
@@ -389,14 +388,15 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
         # for this step's rate (prompts waiting), pooled over every sample of the call, finished
         # ones included: the prior of a newcomer is the task's rate so far; for the time to finish
         # a static batch, each sample's own (a sample with no history may be the one that lags)
-        makespan = horizon is not None and budget.objective == "makespan"
+        makespan = budget.finishes_batch(horizon)
         alphas = budget.alphas(stats.accepted, stats.rejected, pooled=not makespan)[active]
         if budget.draft_cost is not None:  # plan before drafting: it costs
             setup = drafter.pending(contexts, active)
             plan = budget.allocate(
                 alphas, room, padded=padded, include_draft_cost=True, setup=setup, remaining=horizon
             )
-            room = np.minimum(room, plan)  # all zero: the budget cut this step before drafting
+            cut = bool(room.any()) and not plan.any()  # (at a batch's last step there is no room)
+            room = np.minimum(room, plan)
     proposal = drafter.propose(contexts, room, active)
     proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
     drafts = _Drafts(proposed, proposed, proposal.probs)
@@ -404,13 +404,13 @@ def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padde
     stats.offered[active] += drafts.lengths > 0
     if budget is None:
         return drafts
-    if not drafts.lengths.any():  # nothing to verify: the drafter had nothing, or the plan cut all
-        if room.any():
-            budget.record_nothing_proposed()
-        elif open_room:  # the plan cut every draft (at the last step there was nothing to cut)
+    if not drafts.lengths.any():  # nothing to verify: the plan cut every draft, or the drafter had none
+        if cut:
             budget.record_decision(False)
+        elif room.any():
+            budget.record_nothing_proposed()
         return drafts
-    offers = budget.offer_rates(stats.offered, stats.asked)[active]
+    offers = budget.offer_rates(stats.offered, stats.asked)[active] if makespan else None
     keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon, offers=offers)
     budget.record_decision(bool(keep.any()))
     stats.trimmed += int((drafts.lengths - keep).sum())

@@ -102,16 +102,16 @@ class QuantizedMatrix:
         N, K = (int(s) for s in shape)
         _, file_bytes, held_bytes, n_scales = QUANTIZED_TYPES[ggml_type]
         raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
-        if raw.size != N * K // _BLOCK * file_bytes:
+        n_blocks = N * K // _BLOCK
+        if raw.size != n_blocks * file_bytes:
             raise ValueError(
-                f"{ggml_type.name} data of shape {(N, K)} needs {N * K // _BLOCK * file_bytes} bytes, "
-                f"got {raw.size}"
+                f"{ggml_type.name} data of shape {(N, K)} needs {n_blocks * file_bytes} bytes, got {raw.size}"
             )
-        file_blocks = raw.reshape(N * K // _BLOCK, file_bytes)
+        file_blocks = raw.reshape(n_blocks, file_bytes)
         scales = _F16[file_blocks[:, : 2 * n_scales].copy().view("<u2")]  # exact: float16 in float32
         if not np.isfinite(scales).all():
             raise ValueError(f"{ggml_type.name} data has non-finite block scales (corrupt data?)")
-        held = np.empty((N * K // _BLOCK, held_bytes), dtype=np.uint8)
+        held = np.empty((n_blocks, held_bytes), dtype=np.uint8)
         held[:, : 4 * n_scales] = scales.astype("<f4").view(np.uint8)
         held[:, 4 * n_scales :] = file_blocks[:, 2 * n_scales :]
         return cls(held.reshape(N, K // _BLOCK * held_bytes), ggml_type, (N, K))

@@ -2,10 +2,10 @@
 
 >>> import decoding
 >>> model, tokenizer = decoding.load_model()  # doctest: +SKIP
->>> messages = [{"role": "user", "content": "What is the capital of France?"}]
+>>> messages = [{"role": "user", "content": "What is the capital of Germany?"}]
 >>> prompt = tokenizer.apply_chat_template(messages)  # doctest: +SKIP
 >>> decoding.generate(model, tokenizer, [prompt], max_new_tokens=16).texts  # doctest: +SKIP
-['The capital of France is Paris.']
+['The capital of Germany is Berlin.']
 """
 
 from . import _requirements  # noqa: F401  (first: a clear ImportError without the extra)

@@ -1,16 +1,15 @@
-"""LLVM intrinsics that numba lacks: a cache prefetch, a vector exp, products of quantized weight rows.
+"""LLVM intrinsics that numba lacks: a cache prefetch, a vector exp, products of quantized weight blocks.
 
 numba compiles scalar loops and leaves vectorization to LLVM. Three things the engine needs do
 not come out of that: a software prefetch (numba has no spelling for it), a float32 ``exp`` that
 vectorizes (numba calls libm's scalar ``expf``; :func:`exp` is a polynomial LLVM vectorizes), and
-the product of GGUF weight blocks with float32 activations. Written as scalar numba, the
-dequantization of a 32-weight block stays scalar (LLVM cannot prove that the float32 stores do
-not alias the bytes it reads, and the block's loop is too short for the loop vectorizer's runtime
-check), and a block's scale varies along the row, which the vectorizer cannot hoist. Here the
-whole loop over a row's blocks is LLVM IR: a broadcast load of each float32 scale, one vector
-load of a block's codes, widening, conversion and a fused multiply-add by its scale per half,
-then a fused multiply-add into each token's accumulator. LLVM lowers the 16-lane vectors to one
-AVX-512 or two AVX2 registers.
+the integer dot products of GGUF weight blocks with int8 activations (:data:`BLOCK_DOT`): LLVM
+does not turn a scalar loop into ``vpdpbusd`` (or AVX2's ``vpmaddubsw``/``vpmaddwd``) over 16
+interleaved rows, so the loop over a 16-row group's blocks is written here as LLVM IR: vector
+loads of the 16 rows' scales and codes, the nibbles split with a mask and a shift, four activation
+bytes broadcast to every lane, the byte products summed into 16 int32 lanes, then a conversion
+and fused multiply-adds into one float32 accumulator per token. LLVM lowers the 16-lane vectors
+to one AVX-512 or two AVX2 registers.
 
 numba caches a compiled kernel by its own source file only: after a change here, delete
 ``decoding/__pycache__/{quantized,kernels}.*.nb[ic]`` (or touch ``decoding/quantized.py`` and
@@ -28,21 +27,29 @@ from numba import config, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-__all__ = ["ROWS_DOT", "exp", "prefetch_l2", "prefetch_next_row"]
+__all__ = ["BLOCK_DOT", "DOT_PATH", "GROUP_BLOCK_BYTES", "exp", "prefetch_l2", "prefetch_next_row"]
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 
 
-def _has_avx512f() -> bool:
-    """Whether numba compiles for AVX-512 (its own feature setting, else the host's)."""
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features().flatten()
-    return "+avx512f" in features
+def _cpu_features() -> str:
+    """numba's target features: its own setting (``NUMBA_CPU_FEATURES``), else the host's."""
+    return config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features().flatten()
 
 
-#: Q4_1 blocks dequantize through a 16-entry table held in a register (AVX-512's ``vpermps``)
-#: where the CPU has it; else by converting every nibble to float (see ``_rows_dot_codegen``).
-AVX512_TABLE = _has_avx512f()
+#: How a block's integer dot products are computed (see :data:`BLOCK_DOT`): ``"vnni"`` with
+#: AVX-512 VNNI (``vpdpbusd``: 64 byte products summed by fours into 16 int32 lanes, one
+#: instruction), ``"avx2"`` with AVX2 (``vpmaddubsw`` then ``vpmaddwd``, two instructions a 32-byte
+#: half), else ``"generic"`` (widened to int32 in LLVM IR, for any CPU). The sums are integers,
+#: exact on every path, so every path gives the same products bit for bit.
+DOT_PATH = (
+    "vnni"
+    if "+avx512vnni" in _cpu_features() and "+avx512bw" in _cpu_features()
+    else "avx2"
+    if "+avx2" in _cpu_features()
+    else "generic"
+)
 
 
 @intrinsic
@@ -173,161 +180,159 @@ def _vector_call(builder, name, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
 
 
-def _float_splat(builder, byte_ptr, lanes):
-    """The float32 at ``byte_ptr`` (an i8*) in every lane of a vector.
+def _byte_dot(builder, acc, w, x, signed):
+    """``acc + sum over j < 4 of w[4 i + j] * x[4 i + j]`` for each lane ``i`` of the int32 ``acc``
+    (``<16 x i32>``), ``w`` and ``x`` being ``<64 x i8>``: ``x`` signed, ``w`` unsigned (Q4_1's codes
+    0..15) or, with ``signed``, signed (Q8_0's codes; the VNNI path gets them offset by 128 and
+    corrects the sum itself, see :data:`BLOCK_DOT`)."""
+    i8x64, i32x16 = ir.VectorType(ir.IntType(8), 64), ir.VectorType(_I32, 16)
+    if DOT_PATH == "vnni":
+        fnty = ir.FunctionType(i32x16, [i32x16, i8x64, i8x64])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [acc, w, x])
+    if DOT_PATH == "avx2":
+        i8x32, i16x16 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 16)
+        ones = ir.Constant(i16x16, [1] * 16)
+        halves = []
+        for h in range(2):
+            pick = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
+            wh = builder.shuffle_vector(w, w, pick)
+            xh = builder.shuffle_vector(x, x, pick)
+            if signed:  # |w| (at most 128) times x with w's sign: no pair of products saturates int16
+                xh = _vector_call(builder, "llvm.x86.avx2.psign.b", [xh, wh])
+                wh = _vector_call(builder, "llvm.abs.v32i8", [wh, ir.Constant(ir.IntType(1), 0)])
+            pairs = builder.call(
+                cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(i16x16, [i8x32, i8x32]), "llvm.x86.avx2.pmadd.ub.sw"
+                ),
+                [wh, xh],
+            )
+            halves.append(
+                builder.call(
+                    cgutils.get_or_insert_function(
+                        builder.module,
+                        ir.FunctionType(ir.VectorType(_I32, 8), [i16x16, i16x16]),
+                        "llvm.x86.avx2.pmadd.wd",
+                    ),
+                    [pairs, ones],
+                )
+            )
+        both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(i32x16, list(range(16))))
+        return builder.add(acc, both)
+    i32x64 = ir.VectorType(_I32, 64)
+    wide = builder.sext(w, i32x64) if signed else builder.zext(w, i32x64)
+    prod = builder.mul(wide, builder.sext(x, i32x64))
+    for j in range(4):
+        acc = builder.add(acc, builder.shuffle_vector(prod, prod, ir.Constant(i32x16, list(range(j, 64, 4)))))
+    return acc
 
-    x86 loads it straight into every lane (``vbroadcastss``), with no shuffle: the blocks are
-    held with float32 scales for this. From the file's float16 scales, the broadcast and the
-    conversion (``vpbroadcastw``, ``vcvtph2ps``) cost two shuffle-port operations a scale, and
-    that port is the decode-step product's bottleneck (batch 1: the 30 layers' products in 5.2
-    in place of 6.0 ms).
-    """
-    h = builder.load(builder.bitcast(byte_ptr, _F32.as_pointer()), align=1)
-    return _splat(builder, h, lanes)
+
+#: Bytes of one block column of a 16-row group, as :class:`decoding.quantized.QuantizedMatrix`
+#: holds it: the 16 rows' float32 scales ``d`` (Q4_1: then ``m``), then their codes in 4-byte
+#: groups, the 16 rows' first four bytes, then their next four, ... (see that module).
+GROUP_BLOCK_BYTES = {"q4_1": 64 + 64 + 256, "q8_0": 64 + 512}
 
 
-def _permute(builder, table, index):
-    """``table[index & 15]`` lane by lane (AVX-512 ``vpermps``)."""
-    fnty = ir.FunctionType(table.type, [table.type, index.type])
-    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.permvar.sf.512")
-    return builder.call(fn, [table, index])
-
-
-def _horizontal_sum(builder, v):
-    """Sum of the lanes of a float vector by halving: a fixed order, so a fixed result."""
-    n = v.type.count
-    while n > 1:
-        n //= 2
-        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
-        v = builder.fadd(lo, hi)
-    return builder.extract_element(v, _I32(0))
-
-
-def _rows_dot_codegen(kind, n_rows, tokens):
-    """LLVM IR of ``n_rows`` rows of blocks times ``tokens`` float32 rows of ``x`` (see :data:`ROWS_DOT`)."""
-    block_bytes = 24 if kind == "q4_1" else 36  # the held layout: float32 scales first
-    halves = 2 if tokens == 1 else 1  # one token: two accumulators a row halve the chain of adds
+def _block_dot_codegen(kind, tokens):
+    """LLVM IR of one 16-row group times ``tokens`` quantized activation rows (see :data:`BLOCK_DOT`)."""
+    group_bytes = GROUP_BLOCK_BYTES[kind]
+    q4 = kind == "q4_1"
+    offset = not q4 and DOT_PATH == "vnni"  # vpdpbusd multiplies unsigned weights: Q8_0's q + 128
 
     def codegen(context, builder, signature, args):
-        blocks_t, x_t = signature.args[0], signature.args[n_rows + 1]
-        ary = context.make_array(blocks_t)(context, builder, args[0])
-        xa = context.make_array(x_t)(context, builder, args[n_rows + 1])
+        blocks_t, _, qx_t, dx_t, corr_t, out_t, _ = signature.args
+        arrays = [
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(
+                (blocks_t, qx_t, dx_t, corr_t, out_t),
+                (args[0], args[2], args[3], args[4], args[5]),
+                strict=True,
+            )
+        ]
+        blocks_a, qx_a, dx_a, corr_a, out_a = arrays
+        group, t0 = args[1], args[6]
         intp = cgutils.intp_t
         zero_i = ir.Constant(intp, 0)
-        i8p = ir.IntType(8).as_pointer()
-        rows = [
-            builder.bitcast(
-                cgutils.get_item_pointer(context, builder, blocks_t, ary, [n, zero_i], wraparound=False), i8p
+        i8, i8p = ir.IntType(8), ir.IntType(8).as_pointer()
+        f32x16, i32x16, i8x64 = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16), ir.VectorType(i8, 64)
+
+        def item(t, a, index):
+            return cgutils.get_item_pointer(context, builder, t, a, index, wraparound=False)
+
+        base = builder.bitcast(item(blocks_t, blocks_a, [group, zero_i]), i8p)
+        rows_t = [builder.add(t0, ir.Constant(intp, t)) for t in range(tokens)]
+        qx_rows = [builder.bitcast(item(qx_t, qx_a, [t, zero_i]), i8p) for t in rows_t]
+        dx_rows = [item(dx_t, dx_a, [t, zero_i]) for t in rows_t]
+        corr_rows = [item(corr_t, corr_a, [t, zero_i]) for t in rows_t]
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(f32x16, [0.0] * 16)) for _ in range(tokens)]
+        count = builder.udiv(builder.extract_value(qx_a.shape, 1), ir.Constant(intp, 32))
+
+        def load(ptr, offset_bytes, vty):
+            return builder.load(
+                builder.bitcast(builder.gep(ptr, [_I32(offset_bytes)]), vty.as_pointer()), align=1
             )
-            for n in args[1 : n_rows + 1]
-        ]
-        t0 = args[n_rows + 2]
-        xrows = [
-            cgutils.get_item_pointer(
-                context, builder, x_t, xa, [builder.add(t0, ir.Constant(intp, t)), zero_i], wraparound=False
-            )
-            for t in range(tokens)
-        ]
-        vty = ir.VectorType(_F32, 16)
-        v16p = vty.as_pointer()
-        b16p = ir.VectorType(ir.IntType(8), 16).as_pointer()
-        zero = ir.Constant(vty, [0.0] * 16)
-        iota = ir.Constant(vty, [float(i) for i in range(16)])
-        accs = [
-            [[cgutils.alloca_once_value(builder, zero) for _ in range(halves)] for _ in range(tokens)]
-            for _ in range(n_rows)
-        ]
-        count = builder.udiv(builder.extract_value(xa.shape, 1), ir.Constant(intp, 32))
+
         with cgutils.for_range(builder, count) as loop:
             b = loop.index
-            xs = []
-            for xr in xrows:
-                xb = builder.gep(xr, [builder.mul(b, ir.Constant(intp, 32))])
-                xlo = builder.load(builder.bitcast(xb, v16p), align=4)
-                xhi = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(intp, 16)]), v16p), align=4)
-                xs.append((xlo, xhi))
-            for r in range(n_rows):
-                base = builder.gep(rows[r], [builder.mul(b, ir.Constant(intp, block_bytes))])
-                d = _float_splat(builder, base, 16)
-                if kind == "q4_1" and AVX512_TABLE:
-                    # the block's 16 possible weights fma(d, q, m), q = 0..15, in one register;
-                    # each nibble picks its weight with a permute (vpermps reads an index's low
-                    # 4 bits, so the low nibble needs no mask): one FMA a block, not two FMAs and
-                    # two conversions, and the same values bit for bit
-                    m = _float_splat(builder, builder.gep(base, [_I32(4)]), 16)
-                    table = _vector_call(builder, "llvm.fma.v16f32", [d, iota, m])
-                    qp = builder.bitcast(builder.gep(base, [_I32(8)]), b16p)
-                    wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
-                    hi = builder.lshr(wide, ir.Constant(wide.type, [4] * 16))
-                    wlo = _permute(builder, table, wide)
-                    whi = _permute(builder, table, hi)
-                elif kind == "q4_1":
-                    m = _float_splat(builder, builder.gep(base, [_I32(4)]), 16)
-                    qp = builder.bitcast(builder.gep(base, [_I32(8)]), b16p)
-                    wide = builder.zext(builder.load(qp, align=1), ir.VectorType(_I32, 16))
-                    qlo = builder.uitofp(builder.and_(wide, ir.Constant(wide.type, [15] * 16)), vty)
-                    qhi = builder.uitofp(builder.lshr(wide, ir.Constant(wide.type, [4] * 16)), vty)
-                    wlo = _vector_call(builder, "llvm.fma.v16f32", [d, qlo, m])
-                    whi = _vector_call(builder, "llvm.fma.v16f32", [d, qhi, m])
-                else:
-                    qp = builder.bitcast(builder.gep(base, [_I32(4)]), b16p)
-                    q0 = builder.sitofp(builder.load(qp, align=1), vty)
-                    q1 = builder.sitofp(builder.load(builder.gep(qp, [_I32(1)]), align=1), vty)
-                    wlo, whi = builder.fmul(d, q0), builder.fmul(d, q1)
-                for t, (xlo, xhi) in enumerate(xs):
-                    a_lo, a_hi = accs[r][t][0], accs[r][t][halves - 1]
-                    builder.store(
-                        _vector_call(builder, "llvm.fma.v16f32", [xlo, wlo, builder.load(a_lo)]), a_lo
-                    )
-                    builder.store(
-                        _vector_call(builder, "llvm.fma.v16f32", [xhi, whi, builder.load(a_hi)]), a_hi
-                    )
-        sums = []
-        for r in range(n_rows):
+            blk = builder.gep(base, [builder.mul(b, ir.Constant(intp, group_bytes))])
+            d = load(blk, 0, f32x16)
+            if q4:
+                m = load(blk, 64, f32x16)
+                codes = [load(blk, 128 + 64 * c, i8x64) for c in range(4)]
+                low = [builder.and_(c, ir.Constant(i8x64, [15] * 64)) for c in codes]
+                high = [builder.lshr(c, ir.Constant(i8x64, [4] * 64)) for c in codes]
+                weights = low + high  # weights 4c..4c+3, then 16+4c..16+4c+3
+            else:
+                weights = [load(blk, 64 + 64 * c, i8x64) for c in range(8)]
+                if offset:
+                    weights = [builder.xor(w, ir.Constant(i8x64, [-128] * 64)) for w in weights]
+            xoff = builder.mul(b, ir.Constant(intp, 32))
             for t in range(tokens):
-                v = builder.load(accs[r][t][0])
-                if halves == 2:
-                    v = builder.fadd(v, builder.load(accs[r][t][1]))
-                sums.append(_horizontal_sum(builder, v))
-        return context.make_tuple(builder, signature.return_type, sums)
+                xb = builder.gep(qx_rows[t], [xoff])
+                isum = ir.Constant(i32x16, [0] * 16)
+                for c, w in enumerate(weights):  # four activation bytes, in every lane
+                    x4 = builder.load(
+                        builder.bitcast(builder.gep(xb, [_I32(4 * c)]), _I32.as_pointer()), align=1
+                    )
+                    isum = _byte_dot(
+                        builder, isum, w, builder.bitcast(_splat(builder, x4, 16), i8x64), not q4
+                    )
+                corr = builder.load(builder.gep(corr_rows[t], [b]))
+                if offset:  # sum (q + 128) x = sum q x + 128 sum x
+                    isum = builder.sub(isum, _splat(builder, builder.mul(corr, _I32(128)), 16))
+                scale = builder.fmul(d, _splat(builder, builder.load(builder.gep(dx_rows[t], [b])), 16))
+                acc = builder.load(accs[t])
+                acc = _vector_call(builder, "llvm.fma.v16f32", [builder.sitofp(isum, f32x16), scale, acc])
+                if q4:
+                    acc = _vector_call(builder, "llvm.fma.v16f32", [m, _splat(builder, corr, 16), acc])
+                builder.store(acc, accs[t])
+        column = builder.mul(group, ir.Constant(intp, 16))
+        for t in range(tokens):
+            ptr = builder.bitcast(item(out_t, out_a, [rows_t[t], column]), f32x16.as_pointer())
+            builder.store(builder.load(accs[t]), ptr, align=4)
+        return context.get_dummy_value()
 
     return codegen
 
 
-def _rows_dot(kind, n_rows, tokens):
-    def typer(*argtys):
-        blocks, x = argtys[0], argtys[n_rows + 1]
-        ret = types.UniTuple(types.float32, n_rows * tokens)
-        sig = ret(blocks, *([types.intp] * n_rows), x, types.intp)
-        return sig, _rows_dot_codegen(kind, n_rows, tokens)
+def _block_dot(kind, tokens):
+    def block_dot(typingctx, blocks, group, qx, dx, corr, out, t0):
+        sig = types.void(blocks, group, qx, dx, corr, out, t0)
+        return sig, _block_dot_codegen(kind, tokens)
 
-    if n_rows == 4:
-
-        def rows_dot(typingctx, blocks, n0, n1, n2, n3, x, t0):
-            return typer(blocks, n0, n1, n2, n3, x, t0)
-    else:
-
-        def rows_dot(typingctx, blocks, n0, n1, x, t0):
-            return typer(blocks, n0, n1, x, t0)
-
-    rows_dot.__name__ = f"rows_dot_{kind}_{n_rows}x{tokens}"
-    return intrinsic(rows_dot)
+    block_dot.__name__ = f"block_dot_{kind}_{tokens}"
+    return intrinsic(block_dot)
 
 
-#: Intrinsics ``ROWS_DOT[kind, rows, tokens]``: ``(blocks, n_0, .., n_{rows-1}, x, t0)`` returns
-#: the ``rows * tokens`` sums ``s_it = sum_k x[t0 + t, k] * w_i[k]`` (row-major: ``s_00, s_01,
-#: ..``), ``w_i`` being row ``n_i`` of ``blocks`` (in :class:`decoding.quantized.QuantizedMatrix`'s
-#: held layout, float32 scales first) dequantized: ``fma(d, q, m)`` for Q4_1 (rounded
-#: once, as :meth:`decoding.quantized.QuantizedMatrix.dequantize` computes it), ``d * q`` for
-#: Q8_0. One loop over the row's blocks in LLVM IR whose accumulators (a 16-lane vector per row
-#: and token; two for one token, to halve the chain of dependent adds) stay in registers: each
-#: block of each row is converted and scaled once, in registers, and used for every token;
-#: nothing goes through memory. The shapes: four rows times one to four tokens, two rows times
-#: five to eight (up to 20 accumulators and weights: AVX-512's 32 registers hold them; AVX2 spills
-#: some to L1), so that every token count takes passes of eight and one pass of the rest.
-ROWS_DOT = {
-    (kind, rows, tokens): _rows_dot(kind, rows, tokens)
-    for kind in ("q4_1", "q8_0")
-    for rows, tokens in ((4, 1), (4, 2), (4, 3), (4, 4), (2, 5), (2, 6), (2, 7), (2, 8))
-}
+#: Intrinsics ``BLOCK_DOT[kind, tokens]`` (``tokens`` 1..8): ``(blocks, g, qx, dx, corr, out, t0)``
+#: writes ``out[t0 + t, 16 g : 16 g + 16]``, the products of the 16 rows of group ``g`` of
+#: ``blocks`` (:class:`decoding.quantized.QuantizedMatrix`'s layout) with activation rows
+#: ``t0 .. t0 + tokens - 1`` quantized per 32 values (``x ~ dx * qx``, ``qx`` int8; ``corr``: for
+#: Q4_1 the float32 ``dx * sum(qx)`` of each block, for Q8_0 the int32 ``sum(qx)``). Per block and
+#: token, the 32 products of each row are summed as integers (exact), then
+#: ``acc = fma(float(isum), d * dx, acc)``, and for Q4_1 ``acc = fma(m, dx * sum(qx), acc)``: the
+#: same float32 operations in the same order for every token count and on every
+#: :data:`DOT_PATH`, so a token's products do not depend on the tokens beside it. The group's
+#: block is unpacked once and used for every token; the accumulators (a 16-lane vector per
+#: token, the 16 rows) stay in registers.
+BLOCK_DOT = {(kind, tokens): _block_dot(kind, tokens) for kind in ("q4_1", "q8_0") for tokens in range(1, 9)}

@@ -208,10 +208,10 @@ def generate(
     Examples
     --------
     >>> model, tok = load_model()  # doctest: +SKIP
-    >>> messages = [{"role": "user", "content": "What is the capital of France?"}]
+    >>> messages = [{"role": "user", "content": "What is the capital of Germany?"}]
     >>> prompt = tok.apply_chat_template(messages)  # doctest: +SKIP
     >>> generate(model, tok, [prompt] * 4, max_new_tokens=20).texts[0]  # doctest: +SKIP
-    'The capital of France is Paris.'
+    'The capital of Germany is Berlin.'
     """
     kw = _loop_arguments(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,

@@ -15,7 +15,7 @@ from .loading import load_model
 from .tokenizer import check_text
 
 DEMO_QUESTIONS = [
-    "What is the capital of France?",
+    "What is the capital of Germany?",
     "Name three primary colors.",
     "What is 7 times 8?",
     "Write one sentence about the sea.",

@@ -42,8 +42,8 @@ __all__ = [
     "varlen_attention_run",
 ]
 
-# Reassociation (for SIMD sums) and FMA contraction only: no flag that assumes finite values, so
-# a fully masked attention row (all scores -1e30) stays a finite uniform average.
+# Reassociation (for SIMD sums) and FMA contraction only: no flag that assumes finite values (a
+# hidden key's score is -1e30, and a row with no visible key gives zeros, finite).
 _FM = {"reassoc", "contract"}
 
 #: Most rows per :func:`rows_times_weights` call (longer inputs go in blocks of this many). Set it
@@ -390,11 +390,16 @@ _MASKED = -1e30
 
 @njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True)
 def _varlen_attention(
-    q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, out
+    q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, visible, out
 ):  # pragma: no cover
     # One row per (token, key head): its G query heads share every key and value row while it is
     # in L1 (G = 3 for SmolLM2), and the values are summed four keys per pass over the output row
-    # (a quarter of its loads and stores).
+    # (a quarter of its loads and stores). A hidden key's score is computed, then dropped (what a
+    # padded layout pays); the softmax and the values' sum run over the visible keys alone, in
+    # their order, packed to the front: the same operations on the same values as a layout
+    # without the hidden keys, so a token's output is bit for bit the same in a padded and an
+    # unpadded batch (the quantized engine rounds activations to int8, and a last-bit difference
+    # here could move one of them a whole step).
     T, H, D = q.shape
     Hkv = k.shape[0]
     G = H // Hkv
@@ -407,39 +412,47 @@ def _varlen_attention(
         s0 = start[i]
         n_keys = length[i]
         sc = scratch[r]  # G runs of n_keys scores, then probabilities
+        keys = visible[r]  # the visible keys' offsets in the run
+        n_visible = 0
+        for j in range(n_keys):
+            if not use_valid or valid[seq[i], j]:
+                keys[n_visible] = j
+                n_visible += 1
         for g in range(G):
             qi = q[i, hk * G + g]
             base = g * n_keys
             m = masked
+            n = 0
             for j in range(n_keys):
                 kj = k[hk, s0 + j]
                 acc = zero
                 for d in range(D):
                     acc += qi[d] * kj[d]
                 acc *= scale
-                if use_valid and not valid[seq[i], j]:
-                    acc = masked  # computed, then hidden: what a padded layout pays
-                sc[base + j] = acc
-                m = max(m, acc)
+                if n < n_visible and keys[n] == j:
+                    sc[base + n] = acc
+                    m = max(m, acc)
+                    n += 1
             total = zero
-            for j in range(n_keys):
+            for j in range(n_visible):
                 e = exp(sc[base + j] - m)  # vectorized in float32 (decoding._simd.exp)
                 sc[base + j] = e
                 total += e
             inv = 1 / total
-            for j in range(n_keys):
+            for j in range(n_visible):
                 sc[base + j] *= inv
             o = out[i, hk * G + g]
             o[:] = 0
-            n4 = n_keys - n_keys % 4
+            n4 = n_visible - n_visible % 4
             for j in range(0, n4, 4):
                 p0, p1, p2, p3 = sc[base + j], sc[base + j + 1], sc[base + j + 2], sc[base + j + 3]
-                v0, v1, v2, v3 = v[hk, s0 + j], v[hk, s0 + j + 1], v[hk, s0 + j + 2], v[hk, s0 + j + 3]
+                v0, v1 = v[hk, s0 + keys[j]], v[hk, s0 + keys[j + 1]]
+                v2, v3 = v[hk, s0 + keys[j + 2]], v[hk, s0 + keys[j + 3]]
                 for d in range(D):
                     o[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
-            for j in range(n4, n_keys):
+            for j in range(n4, n_visible):
                 p0 = sc[base + j]
-                v0 = v[hk, s0 + j]
+                v0 = v[hk, s0 + keys[j]]
                 for d in range(D):
                     o[d] += p0 * v0[d]
 
@@ -450,7 +463,7 @@ def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
     Token ``i`` (query ``q[i]``, ``[H, D]``) attends to the ``length[i]`` cache slots
     ``start[i] .. start[i] + length[i] - 1`` of ``k``/``v`` ``[Hkv, slots, D]``, query head ``h``
     to key head ``h // (H // Hkv)``; with ``key_valid`` ``[max_seqs, capacity]``, slot ``j`` of the
-    run is hidden unless ``key_valid[seq[i], j]`` (its score is computed, then masked, as a padded
+    run is hidden unless ``key_valid[seq[i], j]`` (its score is computed, then dropped, as a padded
     layout pays for it). One call covers a whole ragged batch: (token, key head) rows are split across
     threads, with no loop over sequences in Python.
 
@@ -492,17 +505,19 @@ def varlen_attention_args(q_shape, n_kv_heads, dtype, start, length, seq=None, k
     else:
         valid, seq, use_valid = np.asarray(key_valid, dtype=np.bool_), np.asarray(seq, dtype=np.int64), True
     G = H // n_kv_heads
-    scratch = np.empty((T * n_kv_heads, G * int(length.max()) if T else 0), dtype=dtype)
+    longest = int(length.max()) if T else 0
+    scratch = np.empty((T * n_kv_heads, G * longest), dtype=dtype)
+    visible = np.empty((T * n_kv_heads, longest), dtype=np.int64)
     # The mask value in the data's own precision: a hidden score minus the running maximum must
     # be exactly 0 when every key of a row is hidden.
     masked = dtype.type(_MASKED)
-    return (T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch)
+    return (T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch, visible)
 
 
 def varlen_attention_run(q, k, v, args) -> np.ndarray:
     """:func:`varlen_attention` with the arguments of :func:`varlen_attention_args` (``q`` contiguous)."""
-    T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch = args
+    T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch, visible = args
     out = np.empty((T, H, D), dtype=dtype)
     if T:
-        _varlen_attention(q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, out)
+        _varlen_attention(q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, visible, out)
     return out

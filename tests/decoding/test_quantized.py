@@ -1,9 +1,10 @@
 """Quantized weights (Q4_1, Q8_0 blocks in memory): the kernels against NumPy references of the same sums.
 
-The references are independent of the code under test where they can be: gguf's own quantizer
-and dequantizer, and a float64 product of the dequantized weights. The product's bound is float32
-rounding of a sum of ``K`` terms: ``|error| <= K * eps32 * (|x| @ |W|.T)`` (a worst-case bound;
-the kernels' reassociated sums sit far inside it).
+The references are independent of the kernels: gguf's own quantizer and dequantizer,
+``reference_product`` (NumPy's quantization of the activations, int64 block sums, and the
+kernels' float32 operations in their order), and a float64 product of the dequantized weights,
+which the kernels' products differ from by the activations' int8 rounding (at most half a step
+``dx / 2`` per value) and float32 rounding.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from decoding import Model, load_model
 from decoding.gguf_reader import dequantize, read_gguf
 from decoding.kernels import linear
-from decoding.quantized import QuantizedMatrix, quantized_linear
+from decoding.quantized import QuantizedMatrix, quantize_activations, quantized_linear, reference_product
 
 from .tiny_llama import write_tiny_llama
 
@@ -52,13 +53,16 @@ def test_held_layout_gives_the_file_bytes_back(qtype):
     w = (rng.normal(size=(12, 128)) * np.logspace(-7, 4, 12)[:, None]).astype(np.float32)
     raw = gguf.quants.quantize(w, qtype).reshape(12, -1)
     qm = QuantizedMatrix.from_raw(raw, qtype, (12, 128))
-    assert qm.blocks.shape == (12, 4 * (24 if qtype == Q.Q4_1 else 36))
+    group_bytes = 384 if qtype == Q.Q4_1 else 576
+    assert qm.blocks.shape == (1, 4 * group_bytes)  # 12 rows in one group of 16, four blocks a row
     np.testing.assert_array_equal(qm.file_blocks(), raw)
     np.testing.assert_array_equal(qm.file_blocks([3, 0, 11]), raw[[3, 0, 11]])
-    d = qm.blocks.reshape(12, 4, -1)[..., :4].copy().view("<f4")[..., 0]  # first scale of each block
+    # the documented layout: word w (4 bytes) of row r's block b at words (b, w, r % 16) of group r // 16
+    d = qm.blocks.reshape(4, -1, 16, 4)[:, 0].copy().view("<f4")[..., 0]  # [block, row] first scale
     np.testing.assert_array_equal(
-        d, raw.reshape(12, 4, -1)[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
+        d[:, :12].T, raw.reshape(12, 4, -1)[..., :2].copy().view("<f2")[..., 0].astype(np.float32)
     )
+    assert not qm.blocks.reshape(4, -1, 16, 4)[:, :, 12:].any()  # the rows past N are zero
     # chosen float16 scales: negative, -0.0, the smallest subnormal, the largest finite
     chosen = np.array([-1.5, -0.0, 6e-8, 65504.0, -6e-8, 0.0, 1e-4, -2.0], dtype="<f2")
     blocks = raw.reshape(12 * 4, -1).copy()
@@ -70,7 +74,21 @@ def test_held_layout_gives_the_file_bytes_back(qtype):
     np.testing.assert_array_equal(
         qm.dequantize(), dequantize(blocks.reshape(-1), qtype, (12, 128), dtype=np.float32)
     )
-    np.testing.assert_array_equal(quantized_linear(np.eye(128, dtype=np.float32), qm), qm.dequantize().T)
+    x = np.random.default_rng(6).normal(size=(3, 128)).astype(np.float32)
+    np.testing.assert_array_equal(quantized_linear(x, qm), reference_product(x, qm))
+
+
+def test_activations_are_quantized_as_llama_cpp_does():
+    # per 32 values: d = max|x| / 127, q = rint(x / d); a block of zeros gives d = 0 and q = 0
+    x = np.zeros((2, 64), dtype=np.float32)
+    x[0, :32] = np.linspace(-2.0, 1.0, 32)
+    x[1, 32:] = 0.5
+    qx, dx = quantize_activations(x)
+    assert qx.dtype == np.int8 and dx.dtype == np.float32 and dx.shape == (2, 2)
+    np.testing.assert_array_equal(dx, np.float32([[2 / 127, 0], [0, 0.5 / 127]]))
+    np.testing.assert_array_equal(qx[0, :32], np.rint(x[0, :32] * np.float32(1 / dx[0, 0])).astype(np.int8))
+    assert qx[0, 0] == -127 and not qx[0, 32:].any() and (qx[1, 32:] == 127).all()
+    assert np.all(np.abs(dx.repeat(32, axis=1) * qx - x) <= dx.repeat(32, axis=1) / 2)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
@@ -80,25 +98,46 @@ def test_product_within_float32_rounding(qtype, N, K, T):
     rng = np.random.default_rng(N * 1000 + K + T)
     qm, _ = quantized(rng, (N, K), qtype)
     x = rng.normal(size=(T, K)).astype(np.float32)
-    W = qm.dequantize().astype(np.float64)
     got = quantized_linear(x, qm)
     assert got.dtype == np.float32 and got.shape == (T, N)
-    ref = x.astype(np.float64) @ W.T
+    np.testing.assert_array_equal(linear(x, qm), got)  # the engine's dispatch
+    # the reference of the same arithmetic: equal but for the double rounding of its emulated
+    # fused multiply-adds (float64, then float32), a rounding a block at most
+    W = qm.dequantize().astype(np.float64)
+    ref = reference_product(x, qm)
     bound = K * EPS32 * (np.abs(x).astype(np.float64) @ np.abs(W).T)
     assert np.all(np.abs(got - ref) <= bound)
-    np.testing.assert_array_equal(linear(x, qm), got)  # the engine's dispatch
+    # against the float64 product: the activations' rounding (half a step dx a value) and float32's
+    _, dx = quantize_activations(x)
+    half_step = (dx.repeat(32, axis=1) / 2).astype(np.float64)
+    exact = x.astype(np.float64) @ W.T
+    assert np.all(np.abs(got - exact) <= half_step @ np.abs(W).T + 2 * bound)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
-def test_kernel_weights_are_the_reference_bit_for_bit(qtype):
-    # x = the identity: every output is one weight times 1 plus zeros, so the product is W.T exactly
+def test_a_tokens_products_do_not_depend_on_the_others(qtype):
+    # each token's sums alone, in a fixed order: a row of x gives the same bits in any company
+    # (the speculative steps reproduce the autoregressive tokens because of this)
     rng = np.random.default_rng(1)
-    qm, _ = quantized(rng, (9, 64), qtype)
-    W = qm.dequantize()
-    np.testing.assert_array_equal(quantized_linear(np.eye(64, dtype=np.float32), qm), W.T)
-    for k in (0, 17, 63):  # one token: the in-register kernel (decoding._simd.row_dot4_*)
-        e_k = np.eye(64, dtype=np.float32)[k : k + 1]
-        np.testing.assert_array_equal(quantized_linear(e_k, qm)[0], W[:, k])
+    qm, _ = quantized(rng, (40, 96), qtype)
+    x = rng.normal(size=(13, 96)).astype(np.float32)
+    whole = quantized_linear(x, qm)
+    for t in (0, 5, 12):
+        np.testing.assert_array_equal(quantized_linear(x[t : t + 1], qm)[0], whole[t])
+    np.testing.assert_array_equal(quantized_linear(x[3:11], qm), whole[3:11])
+
+
+def test_q8_0_codes_of_minus_128_are_exact():
+    # gguf's quantizer writes codes in -127..127, a file may hold -128: |q| = 128 is the one code
+    # whose offset (VNNI) or magnitude (AVX2) reaches the byte's edge
+    rng = np.random.default_rng(4)
+    raw = gguf.quants.quantize(rng.normal(size=(3, 64)).astype(np.float32), Q.Q8_0).reshape(3, 2, 34).copy()
+    raw[:, :, 2:] = np.int8(-128).view(np.uint8)
+    raw[1, 0, 2:10] = np.int8(127).view(np.uint8)
+    qm = QuantizedMatrix.from_raw(raw, Q.Q8_0, (3, 64))
+    x = rng.normal(size=(5, 64)).astype(np.float32)
+    x[0] = 127.0  # every activation code 127: the largest products
+    np.testing.assert_array_equal(quantized_linear(x, qm), reference_product(x, qm))
 
 
 def test_long_inputs_go_in_blocks_and_thread_count_changes_nothing():
@@ -106,15 +145,15 @@ def test_long_inputs_go_in_blocks_and_thread_count_changes_nothing():
     qm, _ = quantized(rng, (70, 96), Q.Q4_1)
     x = rng.normal(size=(300, 96)).astype(np.float32)
     whole = quantized_linear(x, qm)
-    # blocks of a multiple of four rows keep every row in the same four-token group: the same sums
     np.testing.assert_array_equal(quantized_linear(x, qm, max_rows=8), whole)
+    np.testing.assert_array_equal(quantized_linear(x, qm, max_rows=7), whole)
     threads = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
         one = quantized_linear(x, qm)
     finally:
         numba.set_num_threads(threads)
-    np.testing.assert_array_equal(one, whole)  # fixed row chunks: bitwise the same on any thread count
+    np.testing.assert_array_equal(one, whole)  # fixed group chunks: bitwise the same on any thread count
 
 
 def test_bad_input_is_named():
@@ -166,7 +205,7 @@ def greedy(model, prompt, steps):
     return np.array(out), np.concatenate(all_logits)
 
 
-def test_tiny_model_runs_on_the_quantized_path(tiny_quantized):
+def test_tiny_model_runs_on_the_quantized_path(tiny_quantized, monkeypatch):
     q, f32, qtype = tiny_quantized
     assert q.weight_format == "quantized" and f32.weight_format == "float32"
     assert isinstance(q.layers[0].wqkv, QuantizedMatrix) and q.layers[0].wqkv.ggml_type == qtype
@@ -175,43 +214,67 @@ def test_tiny_model_runs_on_the_quantized_path(tiny_quantized):
     np.testing.assert_array_equal(q.layers[1].w_gate_up.dequantize(), f32.layers[1].w_gate_up)
     prompt = [np.arange(5, 30), np.arange(40, 52)]
     toks_q, logits_q = greedy(q, prompt, 12)
-    toks_f, logits_f = greedy(f32, prompt, 12)
-    # the same weights and float32 arithmetic, summed in another order: logits agree to float32 rounding
-    scale = np.abs(logits_f).max()
-    assert np.abs(logits_q - logits_f).max() <= 1e-5 * scale
-    np.testing.assert_array_equal(toks_q, toks_f)
+    # the same model with every quantized product computed by NumPy's reference of the arithmetic
+    import decoding.model
+
+    def reference_linear(x, w):
+        return reference_product(x, w) if isinstance(w, QuantizedMatrix) else linear(x, w)
+
+    monkeypatch.setattr(decoding.model, "linear", reference_linear)
+    toks_r, logits_r = greedy(q, prompt, 12)
+    scale = np.abs(logits_r).max()
+    assert np.abs(logits_q - logits_r).max() <= 1e-5 * scale
+    np.testing.assert_array_equal(toks_q, toks_r)
 
 
-AVX2_CHECK = """
-import gguf, numpy as np
-from decoding._simd import AVX512_TABLE
+PATH_CHECK = """
+import sys, gguf, numpy as np
+from decoding._simd import DOT_PATH
 from decoding.quantized import QuantizedMatrix, quantized_linear
-assert not AVX512_TABLE
+assert DOT_PATH == sys.argv[1], DOT_PATH
 rng = np.random.default_rng(7)
+out = []
 for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0):
-    w = rng.normal(size=(9, 96)).astype(np.float32)
-    qm = QuantizedMatrix.from_raw(gguf.quants.quantize(w, qtype), qtype, (9, 96))
-    W = qm.dequantize()
+    raw = gguf.quants.quantize(rng.normal(size=(19, 96)).astype(np.float32), qtype).reshape(19, 3, -1)
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        raw[0, :, 2:] = np.int8(-128).view(np.uint8)
+    qm = QuantizedMatrix.from_raw(raw, qtype, (19, 96))
     for T in (1, 3, 13):
-        x = rng.normal(size=(T, 96)).astype(np.float32)
-        err = np.abs(quantized_linear(x, qm) - x.astype(np.float64) @ W.T.astype(np.float64))
-        assert np.all(err <= 96 * 2.0**-23 * (np.abs(x).astype(np.float64) @ np.abs(W).T)), T
-    np.testing.assert_array_equal(quantized_linear(np.eye(96, dtype=np.float32), qm), W.T)
+        out.append(quantized_linear(rng.normal(size=(T, 96)).astype(np.float32) * 3, qm))
+np.savez(sys.argv[2], *out)
 print("ok")
 """
 
 
-def test_avx2_kernels_in_a_haswell_process(tmp_path):
-    # The other tests run the AVX-512 table path where the CPU has it; this compiles the kernels
-    # for an AVX2 CPU (numba's own CPU settings, a fresh cache) and checks the conversion path.
+@pytest.mark.parametrize(
+    ("path", "cpu", "features"),
+    [
+        ("avx2", "haswell", "+64bit,+avx,+avx2,+bmi,+bmi2,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse4.2"),
+        ("generic", "x86-64", "+64bit,+sse,+sse2"),
+    ],
+)
+def test_every_instruction_set_gives_the_same_bits(tmp_path, path, cpu, features):
+    # The integer sums are exact on every path (VNNI, AVX2's byte and word products, LLVM's
+    # generic widening), and the float32 steps are the same: the products are bit for bit equal.
+    # This process runs the host's path; the other compiles the kernels for another CPU (numba's
+    # own CPU settings, a fresh cache).
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path))
-    env["NUMBA_CPU_FEATURES"] = "+64bit,+avx,+avx2,+bmi,+bmi2,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse4.2"
-    out = subprocess.run(
-        [sys.executable, "-c", AVX2_CHECK], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().endswith("ok")
+    def run(env, name):
+        done = subprocess.run(
+            [sys.executable, "-c", PATH_CHECK, env.get("EXPECT", path), str(tmp_path / name)],
+            env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return np.load(tmp_path / name)
+
+    from decoding._simd import DOT_PATH
+
+    here = run(dict(os.environ, EXPECT=DOT_PATH), "here.npz")
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path))
+    there = run(env, "there.npz")
+    assert len(here.files) == len(there.files) == 6
+    for name in here.files:
+        np.testing.assert_array_equal(here[name], there[name])

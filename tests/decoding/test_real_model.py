@@ -36,10 +36,10 @@ def test_config_and_sizes(real_model):
     assert real_model.tokenizer.eos_id == real_model.tokenizer.encode("<|im_end|>", special=True)[0]
 
 
-def test_capital_of_france_is_paris(real_model):
+def test_capital_of_germany_is_berlin(real_model):
     model, tok = real_model
-    res = generate(model, tok, chat(tok, "What is the capital of France?"), max_new_tokens=24)
-    assert "Paris" in res.texts[0]
+    res = generate(model, tok, chat(tok, "What is the capital of Germany?"), max_new_tokens=24)
+    assert "Berlin" in res.texts[0]
     assert res.finish_reasons == ["eos"]
 
 
@@ -166,9 +166,9 @@ def test_truncated_model_drafts_sensibly(real_model, toks):
 
 def test_cli_generate_and_demo(real_model, monkeypatch, capsys):
     monkeypatch.setattr(cli_module, "load_model", lambda name: real_model)
-    rc = cli_module.main(["generate", "What is the capital of France?", "--chat", "--max-new-tokens", "12"])
+    rc = cli_module.main(["generate", "What is the capital of Germany?", "--chat", "--max-new-tokens", "12"])
     out = capsys.readouterr().out
-    assert rc == 0 and "Paris" in out and "tok/s" in out
+    assert rc == 0 and "Berlin" in out and "tok/s" in out
     rc = cli_module.main(["generate", "Once upon a time", "--batch", "2", "--max-new-tokens", "5"])
     assert rc == 0 and "sample 1" in capsys.readouterr().out
     rc = cli_module.main(["generate", "hi", "--temperature", "-1"])

@@ -390,22 +390,19 @@ _MASKED = -1e30
 
 @njit(parallel=True, fastmath=_FM, error_model="numpy", cache=True)
 def _varlen_attention(
-    q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, visible, out
+    q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, visible, spare, out
 ):  # pragma: no cover
-    # One row per (token, key head): its G query heads share every key and value row while it is
-    # in L1 (G = 3 for SmolLM2), and the values are summed four keys per pass over the output row
-    # (a quarter of its loads and stores). A hidden key's score is computed, then dropped (what a
-    # padded layout pays); the softmax and the values' sum run over the visible keys alone, in
-    # their order, packed to the front: the same operations on the same values as a layout
-    # without the hidden keys, so a token's output is bit for bit the same in a padded and an
-    # unpadded batch (the quantized engine rounds activations to int8, and a last-bit difference
-    # here could move one of them a whole step).
+    # One row per (token, key head): its G query heads (3 for SmolLM2) go three at a time through
+    # one pass over the keys and one over the values (_attend_heads), and the values are summed
+    # four keys per pass over the output rows (a quarter of their loads and stores). A hidden
+    # key's score is computed, then dropped (what a padded layout pays); the softmax and the
+    # values' sum run over the visible keys alone, in their order, packed to the front: the same
+    # operations on the same values as a layout without the hidden keys, so a token's output is
+    # bit for bit the same in a padded and an unpadded batch (the quantized engine rounds
+    # activations to int8, and a last-bit difference here could move one of them a whole step).
     T, H, D = q.shape
     Hkv = k.shape[0]
     G = H // Hkv
-    # Sums in the data's own dtype: a Python ``0`` here (``scale * 0``) would make numba promote
-    # float32 to float64 and call the scalar float64 exp.
-    zero = scale - scale
     for r in prange(T * Hkv):
         i = r // Hkv
         hk = r - i * Hkv
@@ -418,43 +415,94 @@ def _varlen_attention(
             if not use_valid or valid[seq[i], j]:
                 keys[n_visible] = j
                 n_visible += 1
-        for g in range(G):
-            qi = q[i, hk * G + g]
-            base = g * n_keys
-            m = masked
-            n = 0
-            for j in range(n_keys):
-                kj = k[hk, s0 + j]
-                acc = zero
-                for d in range(D):
-                    acc += qi[d] * kj[d]
-                acc *= scale
-                if n < n_visible and keys[n] == j:
-                    sc[base + n] = acc
-                    m = max(m, acc)
-                    n += 1
-            total = zero
-            for j in range(n_visible):
-                e = exp(sc[base + j] - m)  # vectorized in float32 (decoding._simd.exp)
-                sc[base + j] = e
-                total += e
-            inv = 1 / total
-            for j in range(n_visible):
-                sc[base + j] *= inv
-            o = out[i, hk * G + g]
-            o[:] = 0
-            n4 = n_visible - n_visible % 4
-            for j in range(0, n4, 4):
-                p0, p1, p2, p3 = sc[base + j], sc[base + j + 1], sc[base + j + 2], sc[base + j + 3]
-                v0, v1 = v[hk, s0 + keys[j]], v[hk, s0 + keys[j + 1]]
-                v2, v3 = v[hk, s0 + keys[j + 2]], v[hk, s0 + keys[j + 3]]
-                for d in range(D):
-                    o[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
-            for j in range(n4, n_visible):
-                p0 = sc[base + j]
-                v0 = v[hk, s0 + keys[j]]
-                for d in range(D):
-                    o[d] += p0 * v0[d]
+        for g0 in range(0, G, 3):  # query heads three at a time: each key and value row read once
+            _attend_heads(
+                q,
+                k,
+                v,
+                out,
+                i,
+                hk,
+                G,
+                g0,
+                min(3, G - g0),
+                s0,
+                n_keys,
+                keys,
+                n_visible,
+                scale,
+                masked,
+                sc,
+                spare[r],
+            )
+
+
+@njit(fastmath=_FM, error_model="numpy", inline="always")
+def _attend_heads(
+    q, k, v, out, i, hk, G, g0, count, s0, n_keys, keys, n_visible, scale, masked, sc, spare
+):  # pragma: no cover
+    # Query heads g0 .. g0 + count - 1 (count <= 3) of token i against key head hk: one pass over
+    # the keys computes the three scores of each key, one over the values adds each value row to
+    # the three outputs. With fewer than three heads the last one is repeated: its scores are
+    # written twice (the same values), its extra outputs go to the spare rows. Sums in the data's
+    # own dtype: a Python ``0`` (``scale * 0``) would make numba promote float32 to float64 and
+    # call the scalar float64 exp.
+    zero = scale - scale
+    D = q.shape[2]
+    h0 = hk * G + g0
+    h1, h2 = h0 + min(1, count - 1), h0 + min(2, count - 1)
+    q0, q1, q2 = q[i, h0], q[i, h1], q[i, h2]
+    b0 = g0 * n_keys
+    b1, b2 = b0 + min(1, count - 1) * n_keys, b0 + min(2, count - 1) * n_keys
+    m0, m1, m2 = masked, masked, masked
+    n = 0
+    for j in range(n_keys):
+        kj = k[hk, s0 + j]
+        a0, a1, a2 = zero, zero, zero
+        for d in range(D):
+            a0 += q0[d] * kj[d]
+            a1 += q1[d] * kj[d]
+            a2 += q2[d] * kj[d]
+        if n < n_visible and keys[n] == j:  # a hidden key's scores were computed, then dropped
+            a0, a1, a2 = a0 * scale, a1 * scale, a2 * scale
+            sc[b0 + n], sc[b1 + n], sc[b2 + n] = a0, a1, a2
+            m0, m1, m2 = max(m0, a0), max(m1, a1), max(m2, a2)
+            n += 1
+    for g in range(count):
+        base = b0 + g * n_keys
+        m = m0 if g == 0 else (m1 if g == 1 else m2)
+        total = zero
+        for j in range(n_visible):
+            e = exp(sc[base + j] - m)  # vectorized in float32 (decoding._simd.exp)
+            sc[base + j] = e
+            total += e
+        inv = 1 / total
+        for j in range(n_visible):
+            sc[base + j] *= inv
+    o0 = out[i, h0]
+    o1 = out[i, h1] if count > 1 else spare[0]
+    o2 = out[i, h2] if count > 2 else spare[1]
+    o0[:] = 0
+    o1[:] = 0
+    o2[:] = 0
+    n4 = n_visible - n_visible % 4
+    for j in range(0, n4, 4):
+        v0, v1 = v[hk, s0 + keys[j]], v[hk, s0 + keys[j + 1]]
+        v2, v3 = v[hk, s0 + keys[j + 2]], v[hk, s0 + keys[j + 3]]
+        p00, p01, p02, p03 = sc[b0 + j], sc[b0 + j + 1], sc[b0 + j + 2], sc[b0 + j + 3]
+        p10, p11, p12, p13 = sc[b1 + j], sc[b1 + j + 1], sc[b1 + j + 2], sc[b1 + j + 3]
+        p20, p21, p22, p23 = sc[b2 + j], sc[b2 + j + 1], sc[b2 + j + 2], sc[b2 + j + 3]
+        for d in range(D):
+            o0[d] += p00 * v0[d] + p01 * v1[d] + p02 * v2[d] + p03 * v3[d]
+            o1[d] += p10 * v0[d] + p11 * v1[d] + p12 * v2[d] + p13 * v3[d]
+            o2[d] += p20 * v0[d] + p21 * v1[d] + p22 * v2[d] + p23 * v3[d]
+    for j in range(n4, n_visible):
+        v0 = v[hk, s0 + keys[j]]
+        p0, p1, p2 = sc[b0 + j], sc[b1 + j], sc[b2 + j]
+        for d in range(D):
+            o0[d] += p0 * v0[d]
+            o1[d] += p1 * v0[d]
+            o2[d] += p2 * v0[d]
 
 
 def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
@@ -508,16 +556,19 @@ def varlen_attention_args(q_shape, n_kv_heads, dtype, start, length, seq=None, k
     longest = int(length.max()) if T else 0
     scratch = np.empty((T * n_kv_heads, G * longest), dtype=dtype)
     visible = np.empty((T * n_kv_heads, longest), dtype=np.int64)
+    spare = np.empty((T * n_kv_heads, 2, D), dtype=dtype)  # outputs of repeated heads (G % 3 != 0)
     # The mask value in the data's own precision: a hidden score minus the running maximum must
     # be exactly 0 when every key of a row is hidden.
     masked = dtype.type(_MASKED)
-    return (T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch, visible)
+    return (T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch, visible, spare)
 
 
 def varlen_attention_run(q, k, v, args) -> np.ndarray:
     """:func:`varlen_attention` with the arguments of :func:`varlen_attention_args` (``q`` contiguous)."""
-    T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch, visible = args
+    T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch, visible, spare = args
     out = np.empty((T, H, D), dtype=dtype)
     if T:
-        _varlen_attention(q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, visible, out)
+        _varlen_attention(
+            q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, visible, spare, out
+        )
     return out

@@ -67,6 +67,8 @@ _F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).as
 #: Group chunks per call: more chunks than threads, so that a thread held up by another process
 #: does not leave half the matrix to one core.
 _CHUNKS = 16
+#: The largest finite float32 (a larger absolute value, or NaN, makes a block's scale NaN).
+_FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 #: Activation rows from which their quantization runs on the threads.
 _PARALLEL_QUANTIZE_ROWS = 32
 
@@ -203,13 +205,18 @@ def _interleave(held: np.ndarray) -> np.ndarray:
 @njit(cache=True)
 def _quantize_row(x, t, qx, dx, sx, sq):  # pragma: no cover - compiled
     # llama.cpp's Q8_1: per 32 values d = max|x| / 127, q = round(x / d) (x times 1 / d, rounded
-    # half to even), and the block's sum of q, as an integer and as d * sum in float32
+    # half to even), and the block's sum of q, as an integer and as d * sum in float32. A block
+    # holding NaN or infinity gets d = NaN and q = 0, so the token's products are NaN, never a
+    # finite number made without it.
     for b in range(x.shape[1] // 32):
         amax = np.float32(0.0)
+        finite = True
         for j in range(32):
-            amax = max(amax, abs(x[t, 32 * b + j]))
-        d = amax / np.float32(127.0)
-        inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            a = abs(x[t, 32 * b + j])
+            finite &= a <= _FLOAT32_MAX
+            amax = max(amax, a)
+        d = amax / np.float32(127.0) if finite else np.float32(np.nan)
+        inv = np.float32(1.0) / d if finite and d > 0 else np.float32(0.0)
         total = 0
         for j in range(32):
             q = np.int32(np.rint(x[t, 32 * b + j] * inv))
@@ -351,7 +358,8 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """NumPy's quantization of float32 activations ``x`` ``[T, K]`` per 32 values: ``(qx, dx)``.
 
     ``dx = max|x| / 127`` per block (float32) and ``qx = rint(x * (1 / dx))`` (int8; 0 where
-    ``dx`` is 0), the arithmetic of :func:`quantized_linear`'s kernels (llama.cpp's Q8_1).
+    ``dx`` is 0), the arithmetic of :func:`quantized_linear`'s kernels (llama.cpp's Q8_1). A block
+    holding NaN or infinity gets ``dx = NaN`` and ``qx = 0``.
 
     Examples
     --------
@@ -361,10 +369,11 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     x = np.asarray(x, dtype=np.float32)
     blocks = x.reshape(x.shape[0], -1, _BLOCK)
-    dx = np.abs(blocks).max(axis=2) / np.float32(127.0)
-    with np.errstate(divide="ignore"):
-        inv = np.where(dx > 0, np.float32(1.0) / dx, np.float32(0.0)).astype(np.float32)
-    qx = np.rint(blocks * inv[:, :, None]).astype(np.int8)
+    finite = np.isfinite(blocks).all(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dx = np.where(finite, np.abs(blocks).max(axis=2) / np.float32(127.0), np.float32(np.nan))
+        inv = np.where(finite & (dx > 0), np.float32(1.0) / dx, np.float32(0.0)).astype(np.float32)
+        qx = np.where(finite[:, :, None], np.rint(blocks * inv[:, :, None]), 0).astype(np.int8)
     return qx.reshape(x.shape), dx
 
 

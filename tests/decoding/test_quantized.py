@@ -127,6 +127,21 @@ def test_a_tokens_products_do_not_depend_on_the_others(qtype):
     np.testing.assert_array_equal(quantized_linear(x[3:11], qm), whole[3:11])
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+def test_a_non_finite_activation_makes_its_tokens_products_nan(qtype):
+    # int8 codes cannot hold NaN or infinity: the block's scale becomes NaN instead, so the
+    # token's products are NaN, as float products would be, and the other tokens' stay finite
+    rng = np.random.default_rng(8)
+    qm, _ = quantized(rng, (20, 64), qtype)
+    x = rng.normal(size=(4, 64)).astype(np.float32)
+    x[1, 40], x[2, 3] = np.nan, np.inf
+    got = quantized_linear(x, qm)
+    assert np.isnan(got[1:3]).all() and np.isfinite(got[[0, 3]]).all()
+    np.testing.assert_array_equal(got, reference_product(x, qm))  # NaN where NaN
+    _, dx = quantize_activations(x)
+    assert np.isnan(dx[1, 1]) and np.isnan(dx[2, 0]) and np.isfinite(dx[[0, 3]]).all()
+
+
 def test_q8_0_codes_of_minus_128_are_exact():
     # gguf's quantizer writes codes in -127..127, a file may hold -128: |q| = 128 is the one code
     # whose offset (VNNI) or magnitude (AVX2) reaches the byte's edge

@@ -315,24 +315,27 @@ def _block_dot_codegen(kind, tokens):
     return codegen
 
 
-def _block_dot(kind, tokens):
+def _block_dot(tokens):
     def block_dot(typingctx, blocks, group, qx, dx, corr, out, t0):
+        # the block kind follows from corr's dtype: Q4_1's float32 dx * sum(qx), Q8_0's int32 sum(qx)
+        kind = "q4_1" if corr.dtype == types.float32 else "q8_0"
         sig = types.void(blocks, group, qx, dx, corr, out, t0)
         return sig, _block_dot_codegen(kind, tokens)
 
-    block_dot.__name__ = f"block_dot_{kind}_{tokens}"
+    block_dot.__name__ = f"block_dot_{tokens}"
     return intrinsic(block_dot)
 
 
-#: Intrinsics ``BLOCK_DOT[kind, tokens]`` (``tokens`` 1..8): ``(blocks, g, qx, dx, corr, out, t0)``
+#: Intrinsics ``BLOCK_DOT[tokens]`` (``tokens`` 1..8): ``(blocks, g, qx, dx, corr, out, t0)``
 #: writes ``out[t0 + t, 16 g : 16 g + 16]``, the products of the 16 rows of group ``g`` of
 #: ``blocks`` (:class:`decoding.quantized.QuantizedMatrix`'s layout) with activation rows
 #: ``t0 .. t0 + tokens - 1`` quantized per 32 values (``x ~ dx * qx``, ``qx`` int8; ``corr``: for
-#: Q4_1 the float32 ``dx * sum(qx)`` of each block, for Q8_0 the int32 ``sum(qx)``). Per block and
+#: Q4_1 the float32 ``dx * sum(qx)`` of each block, for Q8_0 the int32 ``sum(qx)``: its dtype
+#: says which kind ``blocks`` holds, and numba compiles one kernel for each). Per block and
 #: token, the 32 products of each row are summed as integers (exact), then
 #: ``acc = fma(float(isum), d * dx, acc)``, and for Q4_1 ``acc = fma(m, dx * sum(qx), acc)``: the
 #: same float32 operations in the same order for every token count and on every
 #: :data:`DOT_PATH`, so a token's products do not depend on the tokens beside it. The group's
 #: block is unpacked once and used for every token; the accumulators (a 16-lane vector per
 #: token, the 16 rows) stay in registers.
-BLOCK_DOT = {(kind, tokens): _block_dot(kind, tokens) for kind in ("q4_1", "q8_0") for tokens in range(1, 9)}
+BLOCK_DOT = {tokens: _block_dot(tokens) for tokens in range(1, 9)}

@@ -39,13 +39,8 @@ from numba import njit, prange
 from ._simd import BLOCK_DOT
 from .gguf_reader import dequantize as dequantize_blocks
 
-# numba calls an intrinsic through a global name: one per kind and token count
-_Q4_1_1, _Q4_1_2, _Q4_1_3, _Q4_1_4, _Q4_1_5, _Q4_1_6, _Q4_1_7, _Q4_1_8 = (
-    BLOCK_DOT["q4_1", u] for u in range(1, 9)
-)
-_Q8_0_1, _Q8_0_2, _Q8_0_3, _Q8_0_4, _Q8_0_5, _Q8_0_6, _Q8_0_7, _Q8_0_8 = (
-    BLOCK_DOT["q8_0", u] for u in range(1, 9)
-)
+# numba calls an intrinsic through a global name: one per token count (each compiled per kind)
+_DOT_1, _DOT_2, _DOT_3, _DOT_4, _DOT_5, _DOT_6, _DOT_7, _DOT_8 = (BLOCK_DOT[u] for u in range(1, 9))
 
 __all__ = [
     "QuantizedMatrix",
@@ -240,43 +235,24 @@ def _quantize_parallel(x, qx, dx, sx, sq):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _q4_1_pass(blocks, g, qx, dx, sx, out, t, U):  # pragma: no cover - compiled
+def _pass(blocks, g, qx, dx, corr, out, t, U):  # pragma: no cover - compiled
+    # group g times tokens t .. t + U - 1; corr's dtype picks the kind (decoding._simd.BLOCK_DOT)
     if U == 8:
-        _Q4_1_8(blocks, g, qx, dx, sx, out, t)
+        _DOT_8(blocks, g, qx, dx, corr, out, t)
     elif U == 1:
-        _Q4_1_1(blocks, g, qx, dx, sx, out, t)
+        _DOT_1(blocks, g, qx, dx, corr, out, t)
     elif U == 2:
-        _Q4_1_2(blocks, g, qx, dx, sx, out, t)
+        _DOT_2(blocks, g, qx, dx, corr, out, t)
     elif U == 3:
-        _Q4_1_3(blocks, g, qx, dx, sx, out, t)
+        _DOT_3(blocks, g, qx, dx, corr, out, t)
     elif U == 4:
-        _Q4_1_4(blocks, g, qx, dx, sx, out, t)
+        _DOT_4(blocks, g, qx, dx, corr, out, t)
     elif U == 5:
-        _Q4_1_5(blocks, g, qx, dx, sx, out, t)
+        _DOT_5(blocks, g, qx, dx, corr, out, t)
     elif U == 6:
-        _Q4_1_6(blocks, g, qx, dx, sx, out, t)
+        _DOT_6(blocks, g, qx, dx, corr, out, t)
     else:
-        _Q4_1_7(blocks, g, qx, dx, sx, out, t)
-
-
-@njit(cache=True)
-def _q8_0_pass(blocks, g, qx, dx, sq, out, t, U):  # pragma: no cover - compiled
-    if U == 8:
-        _Q8_0_8(blocks, g, qx, dx, sq, out, t)
-    elif U == 1:
-        _Q8_0_1(blocks, g, qx, dx, sq, out, t)
-    elif U == 2:
-        _Q8_0_2(blocks, g, qx, dx, sq, out, t)
-    elif U == 3:
-        _Q8_0_3(blocks, g, qx, dx, sq, out, t)
-    elif U == 4:
-        _Q8_0_4(blocks, g, qx, dx, sq, out, t)
-    elif U == 5:
-        _Q8_0_5(blocks, g, qx, dx, sq, out, t)
-    elif U == 6:
-        _Q8_0_6(blocks, g, qx, dx, sq, out, t)
-    else:
-        _Q8_0_7(blocks, g, qx, dx, sq, out, t)
+        _DOT_7(blocks, g, qx, dx, corr, out, t)
 
 
 @njit(parallel=True, cache=True)
@@ -292,9 +268,9 @@ def _group_products(
             while t < t_end:
                 U = min(8, t_end - t)
                 if kind == 0:
-                    _q4_1_pass(blocks, g, qx, dx, sx, out, t, U)
+                    _pass(blocks, g, qx, dx, sx, out, t, U)  # Q4_1: float32 dx * sum(qx)
                 else:
-                    _q8_0_pass(blocks, g, qx, dx, sq, out, t, U)
+                    _pass(blocks, g, qx, dx, sq, out, t, U)  # Q8_0: int32 sum(qx)
                 t += U
 
 

@@ -471,14 +471,17 @@ def _attend_heads(
     for g in range(count):
         base = b0 + g * n_keys
         m = m0 if g == 0 else (m1 if g == 1 else m2)
+        # through a slice: indexed as sc[base + j], whose sign numba cannot prove, these loops
+        # stayed scalar (the attention took 98 against 66 us a layer on one thread at batch 8)
+        probs = sc[base : base + n_visible]
         total = zero
         for j in range(n_visible):
-            e = exp(sc[base + j] - m)  # vectorized in float32 (decoding._simd.exp)
-            sc[base + j] = e
+            e = exp(probs[j] - m)  # vectorized in float32 (decoding._simd.exp)
+            probs[j] = e
             total += e
         inv = 1 / total
         for j in range(n_visible):
-            sc[base + j] *= inv
+            probs[j] *= inv
     o0 = out[i, h0]
     o1 = out[i, h1] if count > 1 else spare[0]
     o2 = out[i, h2] if count > 2 else spare[1]

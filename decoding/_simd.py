@@ -33,9 +33,16 @@ _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 
 
-def _cpu_features() -> str:
-    """numba's target features: its own setting (``NUMBA_CPU_FEATURES``), else the host's."""
-    return config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features().flatten()
+def _cpu_features() -> set[str]:
+    """numba's target features (``+avx2``, ...): its own setting (``NUMBA_CPU_FEATURES``), else the host's."""
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features().flatten()
+    return set(features.split(","))
+
+
+def _dot_path(features: set[str]) -> str:
+    if {"+avx512vnni", "+avx512bw"} <= features:
+        return "vnni"
+    return "avx2" if "+avx2" in features else "generic"
 
 
 #: How a block's integer dot products are computed (see :data:`BLOCK_DOT`): ``"vnni"`` with
@@ -43,13 +50,7 @@ def _cpu_features() -> str:
 #: instruction), ``"avx2"`` with AVX2 (``vpmaddubsw`` then ``vpmaddwd``, two instructions a 32-byte
 #: half), else ``"generic"`` (widened to int32 in LLVM IR, for any CPU). The sums are integers,
 #: exact on every path, so every path gives the same products bit for bit.
-DOT_PATH = (
-    "vnni"
-    if "+avx512vnni" in _cpu_features() and "+avx512bw" in _cpu_features()
-    else "avx2"
-    if "+avx2" in _cpu_features()
-    else "generic"
-)
+DOT_PATH = _dot_path(_cpu_features())
 
 
 @intrinsic

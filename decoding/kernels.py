@@ -383,8 +383,9 @@ def rope_and_store(qkv, cos, sin, n_q, n_kv, slots, kbuf, vbuf):
     return q
 
 
-# The score of a hidden key, here and in decoding.attention: finite, so that a row with every key
-# hidden stays finite (its output is then ignored).
+# The score of a hidden key in decoding.attention's array paths, and where the varlen kernel's
+# running maximum starts: finite, so that a row with every key hidden stays finite (its output is
+# then ignored).
 _MASKED = -1e30
 
 
@@ -560,8 +561,8 @@ def varlen_attention_args(q_shape, n_kv_heads, dtype, start, length, seq=None, k
     scratch = np.empty((T * n_kv_heads, G * longest), dtype=dtype)
     visible = np.empty((T * n_kv_heads, longest), dtype=np.int64)
     spare = np.empty((T * n_kv_heads, 2, D), dtype=dtype)  # outputs of repeated heads (G % 3 != 0)
-    # The mask value in the data's own precision: a hidden score minus the running maximum must
-    # be exactly 0 when every key of a row is hidden.
+    # The running maximum's start, in the data's own precision (the kernel drops hidden keys'
+    # scores; every visible score is above it).
     masked = dtype.type(_MASKED)
     return (T, H, D, dtype, start, length, seq, valid, use_valid, scale, masked, scratch, visible, spare)
 

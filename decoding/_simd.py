@@ -1,7 +1,10 @@
-"""LLVM intrinsics that numba lacks: a cache prefetch, a vector exp, products of quantized weight blocks.
+"""LLVM intrinsics that numba lacks: a cache prefetch, float16 loads and stores, a vector exp,
+products of quantized weight blocks.
 
-numba compiles scalar loops and leaves vectorization to LLVM. Three things the engine needs do
-not come out of that: a software prefetch (numba has no spelling for it), a float32 ``exp`` that
+numba compiles scalar loops and leaves vectorization to LLVM. Four things the engine needs do
+not come out of that: a software prefetch (numba has no spelling for it), float16 (numba has no
+such type on the CPU: :func:`as_float` and :func:`as_stored` convert a ``uint16`` view's
+elements, for the quantized engine's KV cache), a float32 ``exp`` that
 vectorizes (numba calls libm's scalar ``expf``; :func:`exp` is a polynomial LLVM vectorizes), and
 the integer dot products of GGUF weight blocks with int8 activations (:data:`BLOCK_DOT`): LLVM
 does not turn a scalar loop into ``vpdpbusd`` (or AVX2's ``vpmaddubsw``/``vpmaddwd``) over 16
@@ -27,10 +30,21 @@ from numba import config, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-__all__ = ["BLOCK_DOT", "DOT_PATH", "GROUP_BLOCK_BYTES", "exp", "prefetch_l2", "prefetch_next_row"]
+__all__ = [
+    "BLOCK_DOT",
+    "DOT_PATH",
+    "GROUP_BLOCK_BYTES",
+    "HALF_CONVERSION",
+    "as_float",
+    "as_stored",
+    "exp",
+    "prefetch_l2",
+    "prefetch_next_row",
+]
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
+_F16 = ir.HalfType()
 
 
 def _cpu_features() -> set[str]:
@@ -51,6 +65,69 @@ def _dot_path(features: set[str]) -> str:
 #: half), else ``"generic"`` (widened to int32 in LLVM IR, for any CPU). The sums are integers,
 #: exact on every path, so every path gives the same products bit for bit.
 DOT_PATH = _dot_path(_cpu_features())
+
+
+#: Whether the CPU converts float16 to and from float32 in hardware (F16C: ``vcvtph2ps``,
+#: ``vcvtps2ph``, 8 or 16 values an instruction). Without it LLVM would call a runtime routine that
+#: numba's JIT may not link, so the quantized engine keeps a float32 KV cache there
+#: (:attr:`decoding.model.Model.kv_dtype`).
+HALF_CONVERSION = "+f16c" in _cpu_features()
+
+
+@intrinsic
+def _float32_from_half(typingctx, bits):  # pragma: no cover - compiled
+    """The float32 value of the float16 whose bits are the uint16 ``bits`` (exact)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], _F16), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def _half_from_float32(typingctx, x):  # pragma: no cover - compiled
+    """The bits (uint16) of the float16 nearest to the float32 ``x`` (ties to even, as NumPy's
+    ``astype(np.float16)``: overflow to infinity, NaN stays NaN)."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], _F16), ir.IntType(16))
+
+    return sig, codegen
+
+
+def as_float(x):
+    """``x`` as a float, in compiled code: a uint16 holds float16 bits and gives their float32 value;
+    a float is returned as it is.
+
+    numba has no float16 on the CPU, so a float16 array reaches the kernels as its ``uint16``
+    view (``a.view(np.uint16)``), and each element read goes through this. LLVM vectorizes the
+    conversion (``vcvtph2ps``, :data:`HALF_CONVERSION`), so a loop over a row of the KV cache
+    reads half the bytes of a float32 one for the same arithmetic.
+    """
+    return x
+
+
+@overload(as_float, inline="always")
+def _as_float_overload(x):  # pragma: no cover - compiled
+    if isinstance(x, types.Integer) and x.bitwidth == 16 and not x.signed:
+        return lambda x: _float32_from_half(x)
+    return lambda x: x
+
+
+def as_stored(dst, x):
+    """The float ``x`` as the array ``dst`` holds its elements, in compiled code: the bits of the
+    nearest float16 (ties to even) for a ``uint16`` view of a float16 array, ``x`` itself else
+    (the assignment converts it)."""
+    return x
+
+
+@overload(as_stored, inline="always")
+def _as_stored_overload(dst, x):  # pragma: no cover - compiled
+    if isinstance(dst.dtype, types.Integer) and dst.dtype.bitwidth == 16 and not dst.dtype.signed:
+        return lambda dst, x: _half_from_float32(np.float32(x))
+    return lambda dst, x: x
 
 
 @intrinsic

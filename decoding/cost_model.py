@@ -45,8 +45,9 @@ _log = logging.getLogger("decoding")
 #: Bumped whenever the engine's cost per forward changes shape (a new kernel, a new routing), so
 #: that cost models measured on the old engine are not reused.
 #: 8: quantized weights (passes of eight tokens), points at 9 and 17; 9: float32 block scales,
-#: vectorized exp and SwiGLU (a decode step at batch 1 about 15% faster, at batch 8 about 12%).
-COST_MODEL_VERSION = 9
+#: vectorized exp and SwiGLU (a decode step at batch 1 about 15% faster, at batch 8 about 12%);
+#: 10: int8 products (VNNI), the fused attention heads, a float16 KV cache (batch 8 about 10%).
+COST_MODEL_VERSION = 10
 
 #: The quick measurement (:meth:`CostModel.measure` with ``quick=True``): what the first speculative
 #: call and every re-measurement run, a few seconds on SmolLM2-135M. The grid has points at 9 and
@@ -222,8 +223,8 @@ class CostModel:
 
         The key: :func:`engine_version` (the package and :data:`COST_MODEL_VERSION`), the
         product routing (:data:`decoding.kernels.FEW_ROWS`), CPU model, logical CPUs, BLAS thread
-        setting, the model's shape (layers, width, heads, vocabulary), :func:`weight_format` and the
-        bytes of the weights as held (``model.nbytes``).
+        setting, the model's shape (layers, width, heads, vocabulary), :func:`weight_format`, the
+        bytes of the weights as held (``model.nbytes``) and the KV cache's dtype.
         The file also records them in plain text.
         """
         return Path(cache_dir or cost_cache_dir()) / f"cost-{_key_hash(_key(model))}.json"
@@ -301,6 +302,7 @@ def _key(model) -> str:
             cfg.vocab_size,
             weight_format(model),
             getattr(model, "nbytes", None),  # the weights as held: differs for any other format
+            str(getattr(model, "kv_dtype", None)),  # a float16 cache's attention reads half the bytes
             str(getattr(model, "device", None)),  # a GPU's forward costs nothing like the CPU's
         ]
     )

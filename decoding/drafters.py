@@ -308,7 +308,7 @@ class DraftModelDrafter(Drafter):
         m, cfg = self.model, self.model.config
         lens = sorted(int(n) for n in prompt_lengths)[-max_active:]
         cap = self._capacity_for(max(lens), max_new_tokens)
-        cache = KVCache.bytes_for(m.n_layers, cfg.n_kv_heads, cfg.head_dim, max_active, cap, m.dtype)
+        cache = KVCache.bytes_for(m.n_layers, cfg.n_kv_heads, cfg.head_dim, max_active, cap, m.kv_dtype)
         feed = m.forward_bytes(min(PREFILL_TOKENS, sum(lens)), keys=cap, logits_rows=max_active)
         probs = 8 * cfg.vocab_size * max_active * (min(max_draft, self.max_draft) + 8) if sampled else 0
         return cache + feed + 2 * max_active * cfg.vocab_size * m.dtype.itemsize + probs

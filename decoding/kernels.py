@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._simd import exp, prefetch_next_row
+from ._simd import as_float, as_stored, exp, prefetch_next_row
 from ._xp import namespace
 from .quantized import QuantizedMatrix, quantized_linear
 
@@ -334,24 +334,37 @@ def rms_norm(x, w, eps):
     return x * (w / xp.sqrt(ms + eps))
 
 
+@njit(fastmath=_FM, inline="always")
+def _rotate(src, c, s, dst):  # pragma: no cover - compiled
+    for i in range(src.size // 2):
+        x0 = src[2 * i]
+        x1 = src[2 * i + 1]
+        dst[2 * i] = as_stored(dst, x0 * c[i] - x1 * s[i])
+        dst[2 * i + 1] = as_stored(dst, x0 * s[i] + x1 * c[i])
+
+
+def _kernel_view(a: np.ndarray) -> np.ndarray:
+    """``a`` as the kernels take it: a float16 array as its ``uint16`` view (numba has no float16
+    on the CPU; :func:`decoding._simd.as_float` and :func:`~decoding._simd.as_stored` convert)."""
+    return a.view(np.uint16) if a.dtype == np.float16 else a
+
+
 @njit(fastmath=_FM, cache=True)
 def _rope_and_store(qkv, cos, sin, n_q, n_kv, slots, q, kbuf, vbuf):  # pragma: no cover - compiled
+    # kbuf and vbuf are float arrays, or uint16 views of float16 ones (as_stored rounds to them)
     T = qkv.shape[0]
     D = q.shape[2]
     for t in range(T):
         c = cos[t]
         s = sin[t]
-        for h in range(n_q + n_kv):
-            src = qkv[t, h * D : (h + 1) * D]
-            dst = q[t, h] if h < n_q else kbuf[h - n_q, slots[t]]
-            for i in range(D // 2):
-                x0 = src[2 * i]
-                x1 = src[2 * i + 1]
-                dst[2 * i] = x0 * c[i] - x1 * s[i]
-                dst[2 * i + 1] = x0 * s[i] + x1 * c[i]
+        for h in range(n_q):
+            _rotate(qkv[t, h * D : (h + 1) * D], c, s, q[t, h])
         for h in range(n_kv):
+            _rotate(qkv[t, (n_q + h) * D : (n_q + h + 1) * D], c, s, kbuf[h, slots[t]])
             src = qkv[t, (n_q + n_kv + h) * D : (n_q + n_kv + h + 1) * D]
-            vbuf[h, slots[t]] = src
+            dst = vbuf[h, slots[t]]
+            for d in range(D):
+                dst[d] = as_stored(dst, src[d])
 
 
 def rope_and_store(qkv, cos, sin, n_q, n_kv, slots, kbuf, vbuf):
@@ -360,8 +373,9 @@ def rope_and_store(qkv, cos, sin, n_q, n_kv, slots, kbuf, vbuf):
     ``qkv`` ``[T, (n_q + 2 n_kv) D]`` holds each token's query heads, key heads and value heads;
     ``cos``, ``sin`` ``[T, D/2]`` are each token's RoPE angles, adjacent pairs ``(x[2i], x[2i+1])``
     rotating together (llama.cpp's "normal" RoPE); ``kbuf``, ``vbuf`` ``[n_kv, slots, D]`` are one
-    layer of the cache and ``slots`` ``[T]`` where each token goes. Returns the rotated queries
-    ``[T, n_q, D]``. NumPy only: one compiled pass in place of some fifteen small NumPy calls a
+    layer of the cache (float16 for the quantized engine: each key and value rounded to nearest)
+    and ``slots`` ``[T]`` where each token goes. Returns the rotated queries ``[T, n_q, D]``
+    (``qkv``'s dtype). NumPy only: one compiled pass in place of some fifteen small NumPy calls a
     layer (rotation, slicing, copies, the cache's scatter), which cost more than the arithmetic.
 
     Examples
@@ -379,6 +393,7 @@ def rope_and_store(qkv, cos, sin, n_q, n_kv, slots, kbuf, vbuf):
         cos = np.ascontiguousarray(cos, dtype=qkv.dtype)
         sin = np.ascontiguousarray(sin, dtype=qkv.dtype)
         slots = np.asarray(slots, dtype=np.int64)
+        kbuf, vbuf = _kernel_view(kbuf), _kernel_view(vbuf)
         _rope_and_store(np.ascontiguousarray(qkv), cos, sin, n_q, n_kv, slots, q, kbuf, vbuf)
     return q
 
@@ -461,9 +476,10 @@ def _attend_heads(
         kj = k[hk, s0 + j]
         a0, a1, a2 = zero, zero, zero
         for d in range(D):
-            a0 += q0[d] * kj[d]
-            a1 += q1[d] * kj[d]
-            a2 += q2[d] * kj[d]
+            kd = as_float(kj[d])  # a float16 cache's key converted (vcvtph2ps), else itself
+            a0 += q0[d] * kd
+            a1 += q1[d] * kd
+            a2 += q2[d] * kd
         if n < n_visible and keys[n] == j:  # a hidden key's scores were computed, then dropped
             a0, a1, a2 = a0 * scale, a1 * scale, a2 * scale
             sc[b0 + n], sc[b1 + n], sc[b2 + n] = a0, a1, a2
@@ -497,16 +513,18 @@ def _attend_heads(
         p10, p11, p12, p13 = sc[b1 + j], sc[b1 + j + 1], sc[b1 + j + 2], sc[b1 + j + 3]
         p20, p21, p22, p23 = sc[b2 + j], sc[b2 + j + 1], sc[b2 + j + 2], sc[b2 + j + 3]
         for d in range(D):
-            o0[d] += p00 * v0[d] + p01 * v1[d] + p02 * v2[d] + p03 * v3[d]
-            o1[d] += p10 * v0[d] + p11 * v1[d] + p12 * v2[d] + p13 * v3[d]
-            o2[d] += p20 * v0[d] + p21 * v1[d] + p22 * v2[d] + p23 * v3[d]
+            w0, w1, w2, w3 = as_float(v0[d]), as_float(v1[d]), as_float(v2[d]), as_float(v3[d])
+            o0[d] += p00 * w0 + p01 * w1 + p02 * w2 + p03 * w3
+            o1[d] += p10 * w0 + p11 * w1 + p12 * w2 + p13 * w3
+            o2[d] += p20 * w0 + p21 * w1 + p22 * w2 + p23 * w3
     for j in range(n4, n_visible):
         v0 = v[hk, s0 + keys[j]]
         p0, p1, p2 = sc[b0 + j], sc[b1 + j], sc[b2 + j]
         for d in range(D):
-            o0[d] += p0 * v0[d]
-            o1[d] += p1 * v0[d]
-            o2[d] += p2 * v0[d]
+            w0 = as_float(v0[d])
+            o0[d] += p0 * w0
+            o1[d] += p1 * w0
+            o2[d] += p2 * w0
 
 
 def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
@@ -573,6 +591,19 @@ def varlen_attention_run(q, k, v, args) -> np.ndarray:
     out = np.empty((T, H, D), dtype=dtype)
     if T:
         _varlen_attention(
-            q, k, v, start, length, seq, valid, use_valid, scale, masked, scratch, visible, spare, out
+            q,
+            _kernel_view(k),
+            _kernel_view(v),
+            start,
+            length,
+            seq,
+            valid,
+            use_valid,
+            scale,
+            masked,
+            scratch,
+            visible,
+            spare,
+            out,
         )
     return out

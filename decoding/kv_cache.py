@@ -13,13 +13,16 @@ forward appends keys and values through :meth:`prepare` / :meth:`write` / :meth:
 
 Memory: ``2 * n_layers * n_kv_heads * head_dim * itemsize`` bytes per token slot; for SmolLM2-135M
 (30 layers, 3 KV heads of 64) in float32 that is 46,080 bytes, so 16 sequences of 2,048 slots take
-1.5 GB, 8 sequences of 1,024 slots 377 MB.
+1.5 GB, 8 sequences of 1,024 slots 377 MB. The quantized engine keeps its cache in float16, as
+llama.cpp does by default (:attr:`decoding.model.Model.kv_dtype`): half of that, and half the bytes
+its attention reads a step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ._simd import HALF_CONVERSION
 from ._xp import xp_dtype
 from .memory import check_fits
 
@@ -38,7 +41,9 @@ class KVCache:
     capacity : int
         Slots per sequence (the longest prompt plus generated tokens it can hold).
     dtype : numpy dtype
-        float32 for inference, float64 for exact tests.
+        float16 (the quantized engine's: each key and value rounded to nearest, read as float32 by
+        the attention kernel; NumPy only, on a CPU with F16C), float32 for inference, float64 for
+        exact tests.
 
     Examples
     --------
@@ -63,6 +68,12 @@ class KVCache:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.n_layers, self.n_kv_heads, self.head_dim = int(n_layers), int(n_kv_heads), int(head_dim)
         self.max_seqs, self.capacity = int(max_seqs), int(capacity)
+        if np.dtype(dtype) not in (np.float16, np.float32, np.float64):
+            raise ValueError(f"dtype must be float16, float32 or float64, got {np.dtype(dtype).name}")
+        if np.dtype(dtype) == np.float16 and xp is np and not HALF_CONVERSION:
+            raise ValueError(
+                "a float16 cache needs a CPU with F16C (float16 conversions); use dtype=numpy.float32"
+            )
         shape = (self.n_layers, self.n_kv_heads, self.max_seqs * self.capacity, self.head_dim)
         if xp is np:  # before the buffers: NumPy's zeros would succeed lazily and fail page by page
             need = self.bytes_for(
@@ -84,7 +95,7 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, *, max_seqs, capacity, dtype=None, xp=None) -> KVCache:
-        """A cache shaped for ``model`` (its layers, KV heads, head size and dtype)."""
+        """A cache shaped for ``model`` (its layers, KV heads, head size and ``kv_dtype``)."""
         cfg = model.config
         return cls(
             model.n_layers,
@@ -92,7 +103,7 @@ class KVCache:
             cfg.head_dim,
             max_seqs=max_seqs,
             capacity=capacity,
-            dtype=model.dtype if dtype is None else dtype,
+            dtype=model.kv_dtype if dtype is None else dtype,
             xp=getattr(model, "xp", np) if xp is None else xp,
             device=getattr(model, "device", None),
         )

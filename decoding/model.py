@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
+from ._simd import HALF_CONVERSION
 from ._xp import device_of, namespace, on_device
 from .attention import AttentionPlan, attend
 from .config import LlamaConfig
@@ -233,9 +234,15 @@ class Model:
         self.tok_embd = tok_embd  # [V, d]
         self.out_norm = out_norm  # [d]
         self._output = output  # [V, d] or None when tied to tok_embd
-        self.dtype = np.dtype(dtype)  # of the activations, the cache and the logits
+        self.dtype = np.dtype(dtype)  # of the activations and the logits
         # numpy, or a GPU library's namespace when the weights live there (quantized weights are NumPy only)
         self.xp = np if isinstance(tok_embd, QuantizedMatrix) else namespace(tok_embd)
+        #: The KV cache's dtype (:meth:`new_cache`): float16 for quantized weights, as llama.cpp
+        #: keeps it by default (half the bytes the attention reads a step; on a CPU without F16C,
+        #: float32), else the activations' dtype. Set it to ``numpy.float32`` for a float32 cache.
+        self.kv_dtype = (
+            np.dtype(np.float16) if self.weight_format == "quantized" and HALF_CONVERSION else self.dtype
+        )
         self.device = None if self.xp is np else device_of(tok_embd)
         D = config.head_dim
         self._inv_freq = config.rope_theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # [D/2]
@@ -312,7 +319,7 @@ class Model:
         """
         if not 1 <= n_layers <= self.n_layers:
             raise ValueError(f"n_layers must be in [1, {self.n_layers}], got {n_layers}")
-        return Model(
+        part = Model(
             self.config,
             self.layers[:n_layers],
             self.tok_embd,
@@ -320,6 +327,8 @@ class Model:
             self._output,
             dtype=self.dtype,
         )
+        part.kv_dtype = self.kv_dtype
+        return part
 
     def to_device(self, xp, device=None) -> Model:
         """A model with these (float) weights in the array library ``xp`` on ``device``: every forward
@@ -407,7 +416,7 @@ class Model:
         return int(n_tokens) * per_token + logits
 
     def new_cache(self, *, max_seqs: int, capacity: int) -> KVCache:
-        """A :class:`KVCache` for this model with ``max_seqs`` regions of ``capacity`` slots."""
+        """A :class:`KVCache` for this model: ``max_seqs`` regions of ``capacity`` slots, ``kv_dtype``."""
         return KVCache.for_model(self, max_seqs=max_seqs, capacity=capacity, xp=self.xp)
 
     # -- forward ------------------------------------------------------------------------------
@@ -515,12 +524,13 @@ class Model:
             if self._prefetcher is None:
                 self._prefetcher = _Prefetcher(self.layers)
             pf = self._prefetcher
-        # NumPy weights and cache of one dtype: RoPE and the cache writes in one compiled pass
+        # NumPy weights and a cache of their dtype (or float16 beside float32): RoPE and the cache
+        # writes in one compiled pass
         fused_rope = (
             xp is np
             and isinstance(cache.k, np.ndarray)
-            and cache.k.dtype == self.dtype
             and self.dtype in (np.float32, np.float64)
+            and (cache.k.dtype == self.dtype or (cache.k.dtype == np.float16 and self.dtype == np.float32))
         )
         cos2, sin2 = cos[:, 0, :], sin[:, 0, :]  # [T, D/2]
         x = self._embed(tokens)  # [T, d]

@@ -337,8 +337,9 @@ def check_max_batch(max_batch, *, n_prompts: int | None = None, padded: bool = F
 
 
 def loop_memory(
-    model, prompt_lengths, *, slots: int, capacity: int, step_tokens: int, sampled: bool
-) -> list[tuple[str, int]]:
+    model, prompt_lengths, *, slots: int, capacity: int, step_tokens: int, sampled: bool,
+    sampled_rows: int | None = None,
+) -> list[tuple[str, int]]:  # fmt: skip
     """The memory a decoding loop allocates, by part: ``[(what, bytes), ...]``.
 
     Parameters
@@ -354,6 +355,10 @@ def loop_memory(
         ``slots * (1 + max_draft)`` for a verification), each with logits.
     sampled : bool
         Whether tokens are drawn (the sampler's temporaries) or taken greedily.
+    sampled_rows : int, optional
+        The most logits rows one :func:`~decoding.sampling.sample` call draws from (default
+        ``step_tokens``; a speculative loop samples at most ``slots`` rows at once, its
+        verification one row at a time).
 
     Returns
     -------
@@ -370,13 +375,14 @@ def loop_memory(
     """
     cfg = model.config
     V, b = cfg.vocab_size, model.dtype.itemsize
-    cache = KVCache.bytes_for(model.n_layers, cfg.n_kv_heads, cfg.head_dim, slots, capacity, model.dtype)
+    cache = KVCache.bytes_for(model.n_layers, cfg.n_kv_heads, cfg.head_dim, slots, capacity, model.kv_dtype)
     longest = sorted(int(n) for n in prompt_lengths)[-slots:]
     chunk = min(PREFILL_TOKENS, sum(longest))
     prefill_b = model.forward_bytes(chunk, keys=max(longest), logits_rows=min(slots, chunk))
     prefill_b += 2 * slots * V * b  # each prompt's last logits, then stacked
     step = model.forward_bytes(step_tokens, keys=capacity, logits_rows=step_tokens)
-    sampling = 8 * 8 * V * min(step_tokens, SAMPLE_ROWS) if sampled else 0
+    rows = step_tokens if sampled_rows is None else sampled_rows
+    sampling = 8 * 8 * V * min(rows, SAMPLE_ROWS) if sampled else 0
     return [
         (f"KV cache ({slots} sequences x {capacity} slots)", cache),
         ("prefill", prefill_b),

@@ -199,7 +199,9 @@ def speculative_memory(
         lens, max_new_tokens=max_new_tokens, max_draft=max_draft, layout=layout, slots=slots
     )
     step = slots * (1 + k)
-    parts = loop_memory(model, lens, slots=slots, capacity=cap, step_tokens=step, sampled=sampled)
+    parts = loop_memory(
+        model, lens, slots=slots, capacity=cap, step_tokens=step, sampled=sampled, sampled_rows=slots
+    )  # the first tokens and a step without drafts sample a row per sample; verification, one row
     if layout == "vanilla":  # every prompt left-padded to the longest, in one forward; the pad mask
         P = max(lens)
         parts.append(("padded prefill", model.forward_bytes(len(lens) * P, keys=P, logits_rows=len(lens))))

@@ -70,7 +70,10 @@ def test_cache_key_has_version_and_weight_format(tmp_path, monkeypatch):
     q = CostModel.cache_path(FakeModel("float32", fmt="q4_1+q8_0"), tmp_path)
     assert len({f32, f64, q}) == 3
     assert weight_format(FakeModel("float32", fmt="q4_1+q8_0")) == "q4_1+q8_0"
-    assert json.loads(cost_model._key(FakeModel("float64")))[-3] == "float64"
+    assert json.loads(cost_model._key(FakeModel("float64")))[-4] == "float64"
+    half_cache = FakeModel("float32", fmt="q4_1+q8_0")
+    half_cache.kv_dtype = np.dtype(np.float16)  # the attention reads half the bytes: its own calibration
+    assert CostModel.cache_path(half_cache, tmp_path) != q
     on_gpu = FakeModel("float32")
     on_gpu.device = "cuda:0"  # a device's forward costs nothing like the CPU's: its own calibration
     assert CostModel.cache_path(on_gpu, tmp_path) != f32

@@ -190,3 +190,72 @@ def test_swiglu_at_the_extremes(dtype):
         swiglu(np.ones((2, 5), dtype))
     with pytest.raises(ValueError, match="gate_up"):
         swiglu(np.ones(4, dtype))
+
+
+def _half_cases():
+    """float32 values that exercise float16's rounding: ties (to even), subnormals, overflow, NaN."""
+    rng = np.random.default_rng(3)
+    edges = np.float32([0.0, -0.0, 1.0, 65504.0, 65520.0, 65519.99, 1e6, -1e6, 6e-8, 3e-8, 2.98e-8, 1e-10])
+    ties = (np.arange(2048, 4096, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-11)  # halfway
+    specials = np.float32([np.inf, -np.inf, np.nan])
+    return np.concatenate([edges, -edges, ties, specials, rng.standard_normal(4000).astype(np.float32) * 30])
+
+
+def test_float16_stores_and_loads_are_numpys():
+    # A float16 cache's keys and values are rounded as NumPy's astype(np.float16) rounds (to
+    # nearest, ties to even; overflow to infinity) and read back exactly.
+    from numba import njit
+
+    from decoding._simd import HALF_CONVERSION, as_float, as_stored
+
+    if not HALF_CONVERSION:
+        pytest.skip("this CPU has no F16C: the engine keeps a float32 cache")
+
+    @njit
+    def store(x, out):
+        for i in range(x.size):
+            out[i] = as_stored(out, x[i])
+
+    @njit
+    def load(bits, out):
+        for i in range(bits.size):
+            out[i] = as_float(bits[i])
+
+    x = _half_cases()
+    bits = np.empty(x.size, dtype=np.uint16)
+    with np.errstate(over="ignore"):
+        expect = x.astype(np.float16)
+    store(x, bits)
+    np.testing.assert_array_equal(bits, expect.view(np.uint16))
+    back = np.empty(x.size, dtype=np.float32)
+    load(bits, back)
+    np.testing.assert_array_equal(back, expect.astype(np.float32))  # NaN where NaN
+
+
+def test_float16_cache_is_the_float32_cache_of_rounded_values():
+    # RoPE writes rounded keys and values; the attention reads them back exactly, so a float16
+    # cache gives what a float32 cache holding the rounded values gives (to float32 rounding:
+    # LLVM may order the vector sums differently for the two element types).
+    from decoding._simd import HALF_CONVERSION
+    from decoding.kernels import rope_and_store
+
+    if not HALF_CONVERSION:
+        pytest.skip("this CPU has no F16C: the engine keeps a float32 cache")
+    rng = np.random.default_rng(5)
+    T, H, Hkv, D, slots_n = 7, 6, 2, 16, 12
+    qkv = rng.standard_normal((T, (H + 2 * Hkv) * D)).astype(np.float32) * 4
+    ang = rng.random((T, D // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    slots = rng.permutation(slots_n)[:T]
+    k16, v16 = np.zeros((Hkv, slots_n, D), np.float16), np.zeros((Hkv, slots_n, D), np.float16)
+    k32, v32 = np.zeros((Hkv, slots_n, D), np.float32), np.zeros((Hkv, slots_n, D), np.float32)
+    q16 = rope_and_store(qkv, cos, sin, H, Hkv, slots, k16, v16)
+    q32 = rope_and_store(qkv, cos, sin, H, Hkv, slots, k32, v32)
+    np.testing.assert_array_equal(q16, q32)
+    np.testing.assert_array_equal(k16, k32.astype(np.float16))
+    np.testing.assert_array_equal(v16, v32.astype(np.float16))
+    start, length = np.zeros(T, np.int64), np.arange(1, T + 1) + 4
+    out16 = varlen_attention(q16, k16, v16, start, length)
+    out32 = varlen_attention(q16, k16.astype(np.float32), v16.astype(np.float32), start, length)
+    assert out16.dtype == np.float32
+    np.testing.assert_allclose(out16, out32, rtol=2e-6, atol=2e-6 * np.abs(out32).max())

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from decoding import Model, load_model
+from decoding._simd import HALF_CONVERSION
 from decoding.gguf_reader import dequantize, read_gguf
 from decoding.kernels import linear
+from decoding.kv_cache import KVCache
 from decoding.quantized import QuantizedMatrix, quantize_activations, quantized_linear, reference_product
 
 from .tiny_llama import write_tiny_llama
@@ -293,3 +295,37 @@ def test_every_instruction_set_gives_the_same_bits(tmp_path, path, cpu, features
     assert len(here.files) == len(there.files) == 6
     for name in here.files:
         np.testing.assert_array_equal(here[name], there[name])
+
+
+def test_the_quantized_engine_keeps_a_float16_cache(tiny_quantized):
+    # As llama.cpp by default: half the bytes of a float32 cache, half the attention's reads.
+    q, f32, _ = tiny_quantized
+    if not HALF_CONVERSION:
+        pytest.skip("this CPU has no F16C: the engine keeps a float32 cache")
+    assert q.kv_dtype == np.float16 and f32.kv_dtype == np.float32
+    assert q.truncated(1).kv_dtype == np.float16
+    half, full = q.new_cache(max_seqs=2, capacity=8), f32.new_cache(max_seqs=2, capacity=8)
+    assert half.k.dtype == np.float16 and 2 * half.nbytes == full.nbytes
+    # The float weights with a float16 cache against a float32 one: the same greedy tokens, and
+    # logits within a few float16 roundings (each key and value is rounded to 2**-11 relative;
+    # 3-7 of them are measured here). On the quantized path the difference is larger (int8
+    # activations move by whole steps), so the float path isolates the cache's rounding.
+    prompt = [np.arange(5, 30), np.arange(40, 52)]
+    toks_full, logits_full = greedy(f32, prompt, 12)
+    f32.kv_dtype = np.dtype(np.float16)
+    try:
+        toks_half, logits_half = greedy(f32, prompt, 12)
+    finally:
+        f32.kv_dtype = np.dtype(np.float32)
+    np.testing.assert_array_equal(toks_half, toks_full)
+    assert np.abs(logits_half - logits_full).max() <= 16 * 2.0**-11 * np.abs(logits_full).max()
+
+
+def test_a_float16_cache_needs_f16c(monkeypatch):
+    import decoding.kv_cache
+
+    monkeypatch.setattr(decoding.kv_cache, "HALF_CONVERSION", False)
+    with pytest.raises(ValueError, match="F16C"):
+        KVCache(1, 1, 2, max_seqs=1, capacity=2, dtype=np.float16)
+    with pytest.raises(ValueError, match="dtype must be float16, float32 or float64"):
+        KVCache(1, 1, 2, max_seqs=1, capacity=2, dtype=np.int32)

@@ -305,6 +305,15 @@ def _byte_dot(builder, acc, w, x, signed):
     return acc
 
 
+#: How far ahead (bytes) :data:`BLOCK_DOT` asks for the weight blocks it will need: each block
+#: column of a group, as it is used, prefetches the cache lines this far on in the thread's run
+#: of groups (4 KB: some 60% of a group of a 576-wide Q4_1 matrix ahead). The hardware prefetcher
+#: alone left the reads and the arithmetic mostly one after the other: eight tokens' products
+#: of every layer's matrices took 4.7-5.3 ms from memory against 3.6 with the weights in cache,
+#: and 3.8-4.0 ms with this. Spread over the blocks (six or nine lines each), the prefetches
+#: never queue up: a whole group asked for at once (an earlier try) stalled the arithmetic.
+_PREFETCH_BYTES = 4096
+
 #: Bytes of one block column of a 16-row group, as :class:`decoding.quantized.QuantizedMatrix`
 #: holds it: the 16 rows' float32 scales ``d`` (Q4_1: then ``m``), then their codes in 4-byte
 #: groups, the 16 rows' first four bytes, then their next four, ... (see that module).
@@ -345,6 +354,10 @@ def _block_dot_codegen(kind, tokens):
         accs = [cgutils.alloca_once_value(builder, ir.Constant(f32x16, [0.0] * 16)) for _ in range(tokens)]
         count = builder.udiv(builder.extract_value(qx_a.shape, 1), ir.Constant(intp, 32))
 
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]), "llvm.prefetch.p0"
+        )
+
         def load(ptr, offset_bytes, vty):
             return builder.load(
                 builder.bitcast(builder.gep(ptr, [_I32(offset_bytes)]), vty.as_pointer()), align=1
@@ -353,6 +366,9 @@ def _block_dot_codegen(kind, tokens):
         with cgutils.for_range(builder, count) as loop:
             b = loop.index
             blk = builder.gep(base, [builder.mul(b, ir.Constant(intp, group_bytes))])
+            for line in range(0, group_bytes, 64):  # a hint: past the array's end it does nothing
+                ahead = builder.gep(blk, [_I32(_PREFETCH_BYTES + line)])
+                builder.call(prefetch, [ahead, _I32(0), _I32(3), _I32(1)])  # read, keep in L1, data
             d = load(blk, 0, f32x16)
             if q4:
                 m = load(blk, 64, f32x16)

@@ -214,6 +214,20 @@ def run(quick: bool = False) -> Report:
         for B in (1, 8):
             decode32[B] = _decode_rate(model32, ids, B, ctx, n_steps, decode_repeats, rng)
             report.rows.append(_decode_row("ours, float32 weights", B, ctx, n_steps, decode32[B]))
+        # batch 8 against batch 1 in alternating rounds: this shared machine's speed drifts over
+        # seconds, and the compute-bound batch 8 more than the read-bound batch 1
+        batches = _paired_batches(model, ids, ctx, n_steps, decode_repeats, rng, 1 if quick else 5)
+        for B in (1, 8):
+            rates = [r[B] for r in batches]
+            report.rows.append(
+                {
+                    "engine": "ours",
+                    "case": f"decode, batch {B}, batch 1 and 8 alternating (median of {len(rates)} rounds)",
+                    "tok/s (wall)": float(np.median(rates)),
+                    "tok/CPU-s": "",
+                    "ms/step (wall)": 1e3 * B / float(np.median(rates)),
+                }
+            )
     report.rows.append(
         {
             "engine": "weight-read limit",
@@ -307,7 +321,8 @@ def run(quick: bool = False) -> Report:
                         "ms/step (wall)": 1e3 / float(np.median(rates)),
                     }
                 )
-    _targets(report, decode, decode32, prefill_rate["ours"], lc_best, rss["quantized"], limit, paired)
+    ours_prefill = prefill_rate["ours"]
+    _targets(report, decode, decode32, ours_prefill, lc_best, rss["quantized"], limit, paired, batches)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     report.notes.append(
         f"model load (parse, copy the blocks) {load_s:.1f} s; 1-minute load average at the end {load:.2f} "
@@ -320,6 +335,13 @@ def run(quick: bool = False) -> Report:
         "llama.cpp does"
     )
     return report
+
+
+def _paired_batches(model, ids, ctx, n_steps, repeats, rng, rounds):
+    """``rounds`` dicts ``{1: tok/s, 8: tok/s}``: our batch-1 and batch-8 rates, one after the other."""
+    return [
+        {B: _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)[0] for B in (1, 8)} for _ in range(rounds)
+    ]
 
 
 def _paired_batch1(model, ids, ctx, n_steps, repeats, rng, prompt, rounds):
@@ -346,7 +368,7 @@ def _paired_batch1(model, ids, ctx, n_steps, repeats, rng, prompt, rounds):
     return ours, theirs
 
 
-def _targets(report, decode, decode32, prefill, lc, rss, limit, paired=None):
+def _targets(report, decode, decode32, prefill, lc, rss, limit, paired, batches):
     b1, b8 = decode[1][0], decode[8][0]
     report.targets.append(
         Target(
@@ -379,11 +401,13 @@ def _targets(report, decode, decode32, prefill, lc, rss, limit, paired=None):
                 prefill >= lc["prefill_tok_s"],
             )
         )
+    ratios = [r[8] / r[1] for r in batches]  # each round's own ratio: the drift touches both alike
+    r8 = float(np.median(ratios))
     report.targets.append(
         Target(
-            "decode at batch 8 >= 4x batch 1 tokens/s",
-            f"{b8 / b1:.2f}x wall ({decode[8][1] / decode[1][1]:.2f}x per CPU-second) against {b1:.1f} tok/s",
-            b8 >= 4 * b1,
+            f"decode at batch 8 >= 4x batch 1 tokens/s (median of {len(ratios)} alternating rounds)",
+            f"{r8:.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)}; single runs above {b8 / b1:.2f}x)",
+            r8 >= 4,
         )
     )
     report.targets.append(

@@ -379,13 +379,17 @@ class _Drafts:
         return np.array([d.size for d in self.verified], dtype=np.int64)
 
 
-def _draft(drafter: Drafter, budget, contexts, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
-    """Ask the drafter for each active sample's drafts and cut them to the room and the budget."""
+def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
+    """Ask the drafter for each active sample's drafts and cut them to the room and the budget.
+
+    ``context(i)`` gives sample ``i``'s tokens so far, asked for only when the drafter is (a step
+    the budget skips then costs what the autoregressive loop's does)."""
     room = np.minimum(max_draft, left - 1)
     alphas, cut = None, False
     if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
         none = [np.zeros(0, dtype=np.int64) for _ in active]
         return _Drafts(none, none)
+    contexts = [context(i) for i in active]
     if budget is not None:
         # for this step's rate (prompts waiting), pooled over every sample of the call, finished
         # ones included: the prior of a newcomer is the task's rate so far; for the time to finish
@@ -535,10 +539,11 @@ def _autoregressive_step(model, cache, seq_ids, last, drafts: _Drafts, active, s
     logits = decode_step(model, cache, seq_ids, last)
     stats.forward(computed=len(active), seconds=time.perf_counter() - t0)
     tokens = sample(to_host(logits), sampling, rng)
-    for j, i in enumerate(active):
-        stats.record(i, accepted=0, verified=0)
-        if drafts.proposed[j].size and drafts.probs is None:
-            stats.shadow(i, int(tokens[j]) == int(drafts.proposed[j][0]))
+    stats.sample_steps += len(active)  # each sample: no draft verified, none accepted
+    if drafts.probs is None:
+        for j, i in enumerate(active):
+            if drafts.proposed[j].size:
+                stats.shadow(i, int(tokens[j]) == int(drafts.proposed[j][0]))
     return [(0, [int(t)]) for t in tokens]
 
 
@@ -680,9 +685,8 @@ def speculative_generate(
             t_step = time.perf_counter()
             threads.update()
             left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
-            contexts = [context(i) for i in active]
             drafts = _draft(
-                drafter, budget, contexts, active, left, max_draft=k, padded=vanilla,
+                drafter, budget, context, active, left, max_draft=k, padded=vanilla,
                 horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
             )  # fmt: skip
             last = [outs.tokens[i][-1] for i in active]

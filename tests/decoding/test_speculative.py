@@ -794,11 +794,10 @@ class _SpyBudget(DraftBudget):
 
 
 def _one_draft_step(budget, drafter, left, *, horizon, stats):
-    ctx = [np.arange(5)] * len(left)
     return _draft(
         drafter,
         budget,
-        ctx,
+        lambda i: np.arange(5),
         [0, 1],
         np.asarray(left),
         max_draft=3,

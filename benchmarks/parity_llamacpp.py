@@ -241,11 +241,11 @@ def run(record: bool = False):
     )
     report.notes.append(
         "Both engines quantize the activations to 8 bits per 32 values for the Q4_1/Q8_0 dot products "
-        "and sum the byte products as integers; llama.cpp stores each block's activation scale in "
-        "float16 (we keep float32), keeps its KV cache in float16 (we keep float32) and orders its float "
-        "sums its own way. The difference is already present at the first position (no RoPE, no cache), "
-        "logits stay correlated > 0.99, and greedy paths part only where our two best tokens nearly tie "
-        "(gaps of 0.06-0.4% of the largest logit, below the 3-5% noise): rounding, not a model "
+        "and sum the byte products as integers, and both keep the KV cache in float16; llama.cpp stores "
+        "each block's activation scale in float16 (we keep float32) and orders its float sums its own "
+        "way. The difference is already present at the first position (no RoPE, no cache), logits stay "
+        "correlated > 0.99, and greedy paths part only where our two best tokens nearly tie (the last "
+        "column: about 1% of the largest logit or less, below the 3-6% noise): rounding, not a model "
         "difference"
     )
     print(report.to_markdown())

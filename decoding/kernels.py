@@ -535,7 +535,9 @@ def varlen_attention(q, k, v, start, length, seq=None, key_valid=None):
     to key head ``h // (H // Hkv)``; with ``key_valid`` ``[max_seqs, capacity]``, slot ``j`` of the
     run is hidden unless ``key_valid[seq[i], j]`` (its score is computed, then dropped, as a padded
     layout pays for it). One call covers a whole ragged batch: (token, key head) rows are split across
-    threads, with no loop over sequences in Python.
+    threads, with no loop over sequences in Python. ``k`` and ``v`` may be float16 (a quantized
+    engine's cache: read as float32) beside float32 queries; the result has ``q``'s and ``k``'s
+    common dtype (float32 then).
 
     Examples
     --------

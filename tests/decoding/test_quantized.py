@@ -246,9 +246,10 @@ def test_tiny_model_runs_on_the_quantized_path(tiny_quantized, monkeypatch):
 
 PATH_CHECK = """
 import sys, gguf, numpy as np
-from decoding._simd import DOT_PATH
+from decoding._simd import DOT_PATH, HALF_CONVERSION
 from decoding.quantized import QuantizedMatrix, quantized_linear
 assert DOT_PATH == sys.argv[1], DOT_PATH
+assert HALF_CONVERSION == (sys.argv[3] == "f16c"), HALF_CONVERSION  # else a float32 KV cache
 rng = np.random.default_rng(7)
 out = []
 for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0):
@@ -279,19 +280,19 @@ def test_every_instruction_set_gives_the_same_bits(tmp_path, path, cpu, features
     import subprocess
     import sys
 
-    def run(env, name):
+    def run(env, name, half):
         done = subprocess.run(
-            [sys.executable, "-c", PATH_CHECK, env.get("EXPECT", path), str(tmp_path / name)],
+            [sys.executable, "-c", PATH_CHECK, env.get("EXPECT", path), str(tmp_path / name), half],
             env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         return np.load(tmp_path / name)
 
-    from decoding._simd import DOT_PATH
+    from decoding._simd import DOT_PATH, HALF_CONVERSION
 
-    here = run(dict(os.environ, EXPECT=DOT_PATH), "here.npz")
+    here = run(dict(os.environ, EXPECT=DOT_PATH), "here.npz", "f16c" if HALF_CONVERSION else "none")
     env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path))
-    there = run(env, "there.npz")
+    there = run(env, "there.npz", "f16c" if "+f16c" in features else "none")
     assert len(here.files) == len(there.files) == 6
     for name in here.files:
         np.testing.assert_array_equal(here[name], there[name])

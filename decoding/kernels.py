@@ -388,6 +388,8 @@ def rope_and_store(qkv, cos, sin, n_q, n_kv, slots, kbuf, vbuf):
     """
     T = qkv.shape[0]
     D = kbuf.shape[-1]
+    if kbuf.dtype == np.float16 and qkv.dtype != np.float32:  # float64 would be rounded twice
+        raise TypeError(f"a float16 cache takes float32 activations, got qkv of {qkv.dtype}")
     q = np.empty((T, n_q, D), dtype=qkv.dtype)
     if T:
         cos = np.ascontiguousarray(cos, dtype=qkv.dtype)
@@ -569,6 +571,9 @@ def varlen_attention_args(q_shape, n_kv_heads, dtype, start, length, seq=None, k
     start = np.asarray(start, dtype=np.int64)
     length = np.asarray(length, dtype=np.int64)
     dtype = np.dtype(dtype)
+    # (float16 keys and values, a quantized engine's cache, come with float32 queries: float32)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"varlen_attention computes in float32 or float64, got {dtype}")
     scale = dtype.type(1.0 / np.sqrt(D))
     if key_valid is None:
         valid, seq, use_valid = np.ones((1, 1), dtype=np.bool_), np.zeros(T, dtype=np.int64), False

@@ -259,3 +259,13 @@ def test_float16_cache_is_the_float32_cache_of_rounded_values():
     out32 = varlen_attention(q16, k16.astype(np.float32), v16.astype(np.float32), start, length)
     assert out16.dtype == np.float32
     np.testing.assert_allclose(out16, out32, rtol=2e-6, atol=2e-6 * np.abs(out32).max())
+
+
+def test_float16_cache_needs_float32_activations():
+    from decoding.kernels import rope_and_store
+
+    k = np.zeros((1, 2, 2), np.float16)
+    with pytest.raises(TypeError, match="float32 activations"):
+        rope_and_store(np.ones((1, 6)), np.ones((1, 1)), np.zeros((1, 1)), 1, 1, [0], k, k.copy())
+    with pytest.raises(TypeError, match="float32 or float64"):
+        varlen_attention(np.ones((1, 1, 2), np.float16), k, k, [0], [1])

@@ -118,6 +118,10 @@ def _demo(args) -> int:
     dt = time.perf_counter() - t0
     print(f"loaded {args.model} ({model.nbytes / 1e6:.0f} MB of {model.weight_format} weights) in {dt:.1f} s")
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in DEMO_QUESTIONS]
+    t0 = time.perf_counter()
+    generate(model, tok, prompts, max_new_tokens=2)  # the first call loads the compiled kernels
+    dt = time.perf_counter() - t0
+    print(f"compiled kernels loaded (numba's cache, or compiled on a first run) in {dt:.1f} s")
     res = generate(model, tok, prompts, max_new_tokens=args.max_new_tokens)
     for q, a in zip(DEMO_QUESTIONS, res.texts, strict=True):
         print(f"Q: {q}\nA: {a.strip()}\n")

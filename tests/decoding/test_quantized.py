@@ -256,9 +256,13 @@ for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0):
     raw = gguf.quants.quantize(rng.normal(size=(19, 96)).astype(np.float32), qtype).reshape(19, 3, -1)
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         raw[0, :, 2:] = np.int8(-128).view(np.uint8)
+    else:  # the largest Q4_1 sums (codes 15 against activations of +-127: AVX2 adds them in int16)
+        raw[0, :, 4:] = 0xFF
     qm = QuantizedMatrix.from_raw(raw, qtype, (19, 96))
     for T in (1, 3, 13):
-        out.append(quantized_linear(rng.normal(size=(T, 96)).astype(np.float32) * 3, qm))
+        x = rng.normal(size=(T, 96)).astype(np.float32) * 3
+        x[0], x[-1] = 2.0, -2.0 if T > 1 else 2.0
+        out.append(quantized_linear(x, qm))
 np.savez(sys.argv[2], *out)
 print("ok")
 """

@@ -70,7 +70,9 @@ class KVCache:
         self.max_seqs, self.capacity = int(max_seqs), int(capacity)
         if np.dtype(dtype) not in (np.float16, np.float32, np.float64):
             raise ValueError(f"dtype must be float16, float32 or float64, got {np.dtype(dtype).name}")
-        if np.dtype(dtype) == np.float16 and xp is np and not HALF_CONVERSION:
+        if np.dtype(dtype) == np.float16 and xp is not np:
+            raise ValueError("a float16 cache is the CPU engine's; on a device use dtype float32 or float64")
+        if np.dtype(dtype) == np.float16 and not HALF_CONVERSION:
             raise ValueError(
                 "a float16 cache needs a CPU with F16C (float16 conversions); use dtype=numpy.float32"
             )

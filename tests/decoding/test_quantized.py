@@ -334,3 +334,9 @@ def test_a_float16_cache_needs_f16c(monkeypatch):
         KVCache(1, 1, 2, max_seqs=1, capacity=2, dtype=np.float16)
     with pytest.raises(ValueError, match="dtype must be float16, float32 or float64"):
         KVCache(1, 1, 2, max_seqs=1, capacity=2, dtype=np.int32)
+
+
+def test_a_float16_cache_is_the_cpu_engines():
+    xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
+    with pytest.raises(ValueError, match="on a device use dtype float32 or float64"):
+        KVCache(1, 1, 2, max_seqs=1, capacity=2, dtype=np.float16, xp=xps)

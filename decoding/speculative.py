@@ -382,8 +382,8 @@ class _Drafts:
 def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
     """Ask the drafter for each active sample's drafts and cut them to the room and the budget.
 
-    ``context(i)`` gives sample ``i``'s tokens so far, asked for only when the drafter is (a step
-    the budget skips then costs what the autoregressive loop's does)."""
+    ``context(i)`` gives sample ``i``'s tokens so far, asked for only when the drafter is: a step
+    the budget skips builds no context."""
     room = np.minimum(max_draft, left - 1)
     alphas, cut = None, False
     if budget is not None and not budget.should_propose():  # the budget has been drafting nothing

@@ -6,7 +6,7 @@ not come out of that: a software prefetch (numba has no spelling for it), float1
 such type on the CPU: :func:`as_float` and :func:`as_stored` convert a ``uint16`` view's
 elements, for the quantized engine's KV cache), a float32 ``exp`` that
 vectorizes (numba calls libm's scalar ``expf``; :func:`exp` is a polynomial LLVM vectorizes), and
-the integer dot products of GGUF weight blocks with int8 activations (:data:`BLOCK_DOT`): LLVM
+the integer dot products of GGUF weight blocks with int8 activations (:func:`block_dot`): LLVM
 does not turn a scalar loop into ``vpdpbusd`` (or AVX2's ``vpmaddubsw``/``vpmaddwd``) over 16
 interleaved rows, so the loop over a 16-row group's blocks is written here as LLVM IR: vector
 loads of the 16 rows' scales and codes, the nibbles split with a mask and a shift, four activation
@@ -31,12 +31,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 __all__ = [
-    "BLOCK_DOT",
     "DOT_PATH",
     "GROUP_BLOCK_BYTES",
     "HALF_CONVERSION",
+    "PASS_TOKENS",
     "as_float",
     "as_stored",
+    "block_dot",
     "exp",
     "prefetch_l2",
     "prefetch_next_row",
@@ -59,7 +60,7 @@ def _dot_path(features: set[str]) -> str:
     return "avx2" if "+avx2" in features else "generic"
 
 
-#: How a block's integer dot products are computed (see :data:`BLOCK_DOT`): ``"vnni"`` with
+#: How a block's integer dot products are computed (see :func:`block_dot`): ``"vnni"`` with
 #: AVX-512 VNNI (``vpdpbusd``: 64 byte products summed by fours into 16 int32 lanes, one
 #: instruction), ``"avx2"`` with AVX2 (``vpmaddubsw`` then ``vpmaddwd``, two instructions a 32-byte
 #: half), else ``"generic"`` (widened to int32 in LLVM IR, for any CPU). The sums are integers,
@@ -262,7 +263,7 @@ def _byte_dot(builder, acc, w, x, signed):
     """``acc + sum over j < 4 of w[4 i + j] * x[4 i + j]`` for each lane ``i`` of the int32 ``acc``
     (``<16 x i32>``), ``w`` and ``x`` being ``<64 x i8>``: ``x`` signed, ``w`` unsigned (Q4_1's codes
     0..15) or, with ``signed``, signed (Q8_0's codes; the VNNI path gets them offset by 128 and
-    corrects the sum itself, see :data:`BLOCK_DOT`)."""
+    corrects the sum itself, see :func:`block_dot`)."""
     i8x64, i32x16 = ir.VectorType(ir.IntType(8), 64), ir.VectorType(_I32, 16)
     if DOT_PATH == "vnni":
         fnty = ir.FunctionType(i32x16, [i32x16, i8x64, i8x64])
@@ -331,7 +332,7 @@ def _q4_block_sum_avx2(builder, weights, xs):
     return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
 
 
-#: How far ahead (bytes) :data:`BLOCK_DOT` asks for the weight blocks it will need: each block
+#: How far ahead (bytes) :func:`block_dot` asks for the weight blocks it will need: each block
 #: column of a group, as it is used, prefetches the cache lines this far on in the thread's run
 #: of groups (4 KB: some 60% of a group of a 576-wide Q4_1 matrix ahead). The hardware prefetcher
 #: alone left the reads and the arithmetic mostly one after the other: eight tokens' products
@@ -347,13 +348,13 @@ GROUP_BLOCK_BYTES = {"q4_1": 64 + 64 + 256, "q8_0": 64 + 512}
 
 
 def _block_dot_codegen(kind, tokens):
-    """LLVM IR of one 16-row group times ``tokens`` quantized activation rows (see :data:`BLOCK_DOT`)."""
+    """LLVM IR of one 16-row group times ``tokens`` quantized activation rows (see :func:`block_dot`)."""
     group_bytes = GROUP_BLOCK_BYTES[kind]
     q4 = kind == "q4_1"
     offset = not q4 and DOT_PATH == "vnni"  # vpdpbusd multiplies unsigned weights: Q8_0's q + 128
 
     def codegen(context, builder, signature, args):
-        blocks_t, _, qx_t, dx_t, corr_t, out_t, _ = signature.args
+        blocks_t, _, qx_t, dx_t, corr_t, out_t = signature.args[:6]
         arrays = [
             context.make_array(t)(context, builder, a)
             for t, a in zip(
@@ -434,32 +435,46 @@ def _block_dot_codegen(kind, tokens):
         for t in range(tokens):
             ptr = builder.bitcast(item(out_t, out_a, [rows_t[t], column]), f32x16.as_pointer())
             builder.store(builder.load(accs[t]), ptr, align=4)
-        return context.get_dummy_value()
 
     return codegen
 
 
-def _block_dot(tokens):
-    def block_dot(typingctx, blocks, group, qx, dx, corr, out, t0):
-        # the block kind follows from corr's dtype: Q4_1's float32 dx * sum(qx), Q8_0's int32 sum(qx)
-        kind = "q4_1" if corr.dtype == types.float32 else "q8_0"
-        sig = types.void(blocks, group, qx, dx, corr, out, t0)
-        return sig, _block_dot_codegen(kind, tokens)
-
-    block_dot.__name__ = f"block_dot_{tokens}"
-    return intrinsic(block_dot)
+#: Most activation rows one call of :func:`block_dot` takes: their accumulators (a 16-lane vector
+#: each) and the block's unpacked codes stay in registers.
+PASS_TOKENS = 8
 
 
-#: Intrinsics ``BLOCK_DOT[tokens]`` (``tokens`` 1..8): ``(blocks, g, qx, dx, corr, out, t0)``
-#: writes ``out[t0 + t, 16 g : 16 g + 16]``, the products of the 16 rows of group ``g`` of
-#: ``blocks`` (:class:`decoding.quantized.QuantizedMatrix`'s layout) with activation rows
-#: ``t0 .. t0 + tokens - 1`` quantized per 32 values (``x ~ dx * qx``, ``qx`` int8; ``corr``: for
-#: Q4_1 the float32 ``dx * sum(qx)`` of each block, for Q8_0 the int32 ``sum(qx)``: its dtype
-#: says which kind ``blocks`` holds, and numba compiles one kernel for each). Per block and
-#: token, the 32 products of each row are summed as integers (exact), then
-#: ``acc = fma(float(isum), d * dx, acc)``, and for Q4_1 ``acc = fma(m, dx * sum(qx), acc)``: the
-#: same float32 operations in the same order for every token count and on every
-#: :data:`DOT_PATH`, so a token's products do not depend on the tokens beside it. The group's
-#: block is unpacked once and used for every token; the accumulators (a 16-lane vector per
-#: token, the 16 rows) stay in registers.
-BLOCK_DOT = {tokens: _block_dot(tokens) for tokens in range(1, 9)}
+@intrinsic
+def block_dot(typingctx, blocks, group, qx, dx, corr, out, t0, tokens):  # pragma: no cover - compiled
+    """Write ``out[t0 + t, 16 g : 16 g + 16]`` for ``t < tokens`` (1 to :data:`PASS_TOKENS`): the
+    products of the 16 rows of group ``g`` of ``blocks`` (:class:`decoding.quantized.QuantizedMatrix`'s
+    layout) with activation rows ``t0 .. t0 + tokens - 1`` quantized per 32 values (``x ~ dx * qx``,
+    ``qx`` int8).
+
+    ``corr`` is, for Q4_1, the float32 ``dx * sum(qx)`` of each block and, for Q8_0, the int32
+    ``sum(qx)``: its dtype says which kind ``blocks`` holds, and numba compiles one kernel for each.
+    Per block and token, the 32 products of each row are summed as integers (exact), then
+    ``acc = fma(float(isum), d * dx, acc)``, and for Q4_1 ``acc = fma(m, dx * sum(qx), acc)``: the
+    same float32 operations in the same order for every token count and on every
+    :data:`DOT_PATH`, so a token's products do not depend on the tokens beside it. The group's
+    block is unpacked once and used for every token; the accumulators (a 16-lane vector per token,
+    the 16 rows) stay in registers, so each token count has its own code: the call branches to
+    it (an LLVM ``switch`` on ``tokens``; another count writes nothing).
+    """
+    kind = "q4_1" if corr.dtype == types.float32 else "q8_0"
+    sig = types.void(blocks, group, qx, dx, corr, out, t0, tokens)
+    bodies = {n: _block_dot_codegen(kind, n) for n in range(1, PASS_TOKENS + 1)}
+
+    def codegen(context, builder, signature, args):
+        done = builder.append_basic_block("block_dot.done")
+        switch = builder.switch(args[7], done)
+        for n, body in bodies.items():
+            case = builder.append_basic_block(f"block_dot.{n}")
+            switch.add_case(ir.Constant(args[7].type, n), case)
+            builder.position_at_end(case)
+            body(context, builder, signature, args)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -36,11 +36,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from ._simd import BLOCK_DOT
+from ._simd import PASS_TOKENS, block_dot
 from .gguf_reader import dequantize as dequantize_blocks
-
-# numba calls an intrinsic through a global name: one per token count (each compiled per kind)
-_DOT_1, _DOT_2, _DOT_3, _DOT_4, _DOT_5, _DOT_6, _DOT_7, _DOT_8 = (BLOCK_DOT[u] for u in range(1, 9))
 
 __all__ = [
     "QuantizedMatrix",
@@ -234,43 +231,22 @@ def _quantize_parallel(x, qx, dx, sx, sq):  # pragma: no cover - compiled
         _quantize_row(x, t, qx, dx, sx, sq)
 
 
-@njit(cache=True)
-def _pass(blocks, g, qx, dx, corr, out, t, U):  # pragma: no cover - compiled
-    # group g times tokens t .. t + U - 1; corr's dtype picks the kind (decoding._simd.BLOCK_DOT)
-    if U == 8:
-        _DOT_8(blocks, g, qx, dx, corr, out, t)
-    elif U == 1:
-        _DOT_1(blocks, g, qx, dx, corr, out, t)
-    elif U == 2:
-        _DOT_2(blocks, g, qx, dx, corr, out, t)
-    elif U == 3:
-        _DOT_3(blocks, g, qx, dx, corr, out, t)
-    elif U == 4:
-        _DOT_4(blocks, g, qx, dx, corr, out, t)
-    elif U == 5:
-        _DOT_5(blocks, g, qx, dx, corr, out, t)
-    elif U == 6:
-        _DOT_6(blocks, g, qx, dx, corr, out, t)
-    else:
-        _DOT_7(blocks, g, qx, dx, corr, out, t)
-
-
 @njit(parallel=True, cache=True)
 def _group_products(
     blocks, kind, qx, dx, sx, sq, out, t_begin, t_end, n_chunks
 ):  # pragma: no cover - compiled
     # Fixed chunks of 16-row groups (so the result does not depend on the thread count); each
-    # group times tokens t_begin..t_end - 1 in passes of up to eight.
+    # group times tokens t_begin..t_end - 1 in passes of up to PASS_TOKENS.
     G = blocks.shape[0]
     for c in prange(n_chunks):
         for g in range(c * G // n_chunks, (c + 1) * G // n_chunks):
             t = t_begin
             while t < t_end:
-                U = min(8, t_end - t)
+                U = min(PASS_TOKENS, t_end - t)
                 if kind == 0:
-                    _pass(blocks, g, qx, dx, sx, out, t, U)  # Q4_1: float32 dx * sum(qx)
+                    block_dot(blocks, g, qx, dx, sx, out, t, U)  # Q4_1: float32 dx * sum(qx)
                 else:
-                    _pass(blocks, g, qx, dx, sq, out, t, U)  # Q8_0: int32 sum(qx)
+                    block_dot(blocks, g, qx, dx, sq, out, t, U)  # Q8_0: int32 sum(qx)
                 t += U
 
 

@@ -131,6 +131,14 @@ def _as_stored_overload(dst, x):  # pragma: no cover - compiled
     return lambda dst, x: x
 
 
+def _prefetch(builder, ptr, locality):
+    """``llvm.prefetch`` of the byte at ``ptr`` (an ``i8*``) for reading, with ``locality`` 3 (keep
+    in L1: ``prefetcht0``) to 1; a hint only: it never faults, even past the end of an array."""
+    fnty = ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+    builder.call(fn, [ptr, _I32(0), _I32(locality), _I32(1)])  # read, locality, data
+
+
 @intrinsic
 def prefetch_l2(typingctx, row, k):  # pragma: no cover - compiled
     """Hint the CPU to bring the cache line holding ``row[k]`` (a contiguous 1-d array) into L2.
@@ -144,10 +152,7 @@ def prefetch_l2(typingctx, row, k):  # pragma: no cover - compiled
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
-        i8p = builder.bitcast(ptr, ir.IntType(8).as_pointer())
-        fnty = ir.FunctionType(ir.VoidType(), [i8p.type, _I32, _I32, _I32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [i8p, _I32(0), _I32(2), _I32(1)])  # read, locality 2 (L2), data
+        _prefetch(builder, builder.bitcast(ptr, ir.IntType(8).as_pointer()), locality=2)  # L2
         return context.get_dummy_value()
 
     return sig, codegen
@@ -259,59 +264,38 @@ def _vector_call(builder, name, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
 
 
-def _byte_dot(builder, acc, w, x, signed):
-    """``acc + sum over j < 4 of w[4 i + j] * x[4 i + j]`` for each lane ``i`` of the int32 ``acc``
-    (``<16 x i32>``), ``w`` and ``x`` being ``<64 x i8>``: ``x`` signed, ``w`` unsigned (Q4_1's codes
-    0..15) or, with ``signed``, signed (Q8_0's codes; the VNNI path gets them offset by 128 and
-    corrects the sum itself, see :func:`block_dot`)."""
+def _block_sum(builder, weights, xs, signed):
+    """A block's integer sums, ``<16 x i32>``: lane ``i`` gets, over the block's vectors ``c``,
+    ``sum over j < 4 of weights[c][4 i + j] * xs[c][4 i + j]`` (``<64 x i8>`` each): ``xs`` signed
+    activations (``|x| <= 127``), ``weights`` unsigned (Q4_1's codes 0..15) or, with ``signed``,
+    signed (Q8_0's codes; the VNNI path gets them offset by 128 and corrects the sum itself, see
+    :func:`block_dot`)."""
     i8x64, i32x16 = ir.VectorType(ir.IntType(8), 64), ir.VectorType(_I32, 16)
-    if DOT_PATH == "vnni":
-        fnty = ir.FunctionType(i32x16, [i32x16, i8x64, i8x64])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
-        return builder.call(fn, [acc, w, x])
     if DOT_PATH == "avx2":
-        i8x32, i16x16 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 16)
-        ones = ir.Constant(i16x16, [1] * 16)
-        halves = []
-        for h in range(2):
-            pick = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
-            wh = builder.shuffle_vector(w, w, pick)
-            xh = builder.shuffle_vector(x, x, pick)
-            if signed:  # |w| (at most 128) times x with w's sign: no pair of products saturates int16
-                xh = _vector_call(builder, "llvm.x86.avx2.psign.b", [xh, wh])
-                wh = _vector_call(builder, "llvm.abs.v32i8", [wh, ir.Constant(ir.IntType(1), 0)])
-            pairs = builder.call(
-                cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(i16x16, [i8x32, i8x32]), "llvm.x86.avx2.pmadd.ub.sw"
-                ),
-                [wh, xh],
-            )
-            halves.append(
-                builder.call(
-                    cgutils.get_or_insert_function(
-                        builder.module,
-                        ir.FunctionType(ir.VectorType(_I32, 8), [i16x16, i16x16]),
-                        "llvm.x86.avx2.pmadd.wd",
-                    ),
-                    [pairs, ones],
-                )
-            )
-        both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(i32x16, list(range(16))))
-        return builder.add(acc, both)
-    i32x64 = ir.VectorType(_I32, 64)
-    wide = builder.sext(w, i32x64) if signed else builder.zext(w, i32x64)
-    prod = builder.mul(wide, builder.sext(x, i32x64))
-    for j in range(4):
-        acc = builder.add(acc, builder.shuffle_vector(prod, prod, ir.Constant(i32x16, list(range(j, 64, 4)))))
-    return acc
+        return _block_sum_avx2(builder, weights, xs, signed)
+    isum = ir.Constant(i32x16, [0] * 16)
+    for w, x in zip(weights, xs, strict=True):
+        if DOT_PATH == "vnni":
+            fnty = ir.FunctionType(i32x16, [i32x16, i8x64, i8x64])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+            isum = builder.call(fn, [isum, w, x])
+        else:  # generic: widened to int32
+            i32x64 = ir.VectorType(_I32, 64)
+            wide = builder.sext(w, i32x64) if signed else builder.zext(w, i32x64)
+            prod = builder.mul(wide, builder.sext(x, i32x64))
+            for j in range(4):
+                pick = ir.Constant(i32x16, list(range(j, 64, 4)))
+                isum = builder.add(isum, builder.shuffle_vector(prod, prod, pick))
+    return isum
 
 
-def _q4_block_sum_avx2(builder, weights, xs):
-    """A Q4_1 block's sums with AVX2 (``<16 x i32>``): ``weights[c]`` (codes 0..15) times ``xs[c]``
-    (int8 activations, ``|x| <= 127``) over the block's eight vectors. Each ``vpmaddubsw`` pair sum
-    is at most ``2 * 15 * 127 = 3810`` in magnitude, so the eight of a lane add up exactly in int16
-    (at most 30,480) before one ``vpmaddwd`` widens them: 16 + 2 multiplies a 32-byte half where
-    :func:`_byte_dot` takes 16 + 16 (Q8_0's codes reach 128, and their pair sums fill int16)."""
+def _block_sum_avx2(builder, weights, xs, signed):
+    """:func:`_block_sum` with AVX2, a 32-byte half at a time: ``vpmaddubsw`` (unsigned bytes times
+    signed ones, adjacent pairs summed into int16), then ``vpmaddwd`` by ones (pairs of int16 into
+    int32). Q4_1's pair sums are at most ``2 * 15 * 127 = 3810`` in magnitude, so a block's eight
+    add up exactly in int16 (at most 30,480) before one ``vpmaddwd``; Q8_0's are taken by sign and
+    magnitude (``|w|`` at most 128 times ``x`` with ``w``'s sign: no pair saturates int16) and, as
+    their sums fill int16, widened one by one."""
     i8x32, i16x16 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 16)
     maddubs = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(i16x16, [i8x32, i8x32]), "llvm.x86.avx2.pmadd.ub.sw"
@@ -319,16 +303,21 @@ def _q4_block_sum_avx2(builder, weights, xs):
     maddwd = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VectorType(_I32, 8), [i16x16, i16x16]), "llvm.x86.avx2.pmadd.wd"
     )
+    ones = ir.Constant(i16x16, [1] * 16)
     halves = []
     for h in range(2):
         pick = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
-        pairs = None
+        total = None  # int32 sums (Q8_0), or int16 ones (Q4_1)
         for w, x in zip(weights, xs, strict=True):
-            p = builder.call(
-                maddubs, [builder.shuffle_vector(w, w, pick), builder.shuffle_vector(x, x, pick)]
-            )
-            pairs = p if pairs is None else builder.add(pairs, p)
-        halves.append(builder.call(maddwd, [pairs, ir.Constant(i16x16, [1] * 16)]))
+            wh, xh = builder.shuffle_vector(w, w, pick), builder.shuffle_vector(x, x, pick)
+            if signed:
+                xh = _vector_call(builder, "llvm.x86.avx2.psign.b", [xh, wh])
+                wh = _vector_call(builder, "llvm.abs.v32i8", [wh, ir.Constant(ir.IntType(1), 0)])
+            part = builder.call(maddubs, [wh, xh])
+            if signed:
+                part = builder.call(maddwd, [part, ones])
+            total = part if total is None else builder.add(total, part)
+        halves.append(total if signed else builder.call(maddwd, [total, ones]))
     return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
 
 
@@ -368,7 +357,7 @@ def _block_dot_codegen(kind, tokens):
         intp = cgutils.intp_t
         zero_i = ir.Constant(intp, 0)
         i8, i8p = ir.IntType(8), ir.IntType(8).as_pointer()
-        f32x16, i32x16, i8x64 = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16), ir.VectorType(i8, 64)
+        f32x16, i8x64 = ir.VectorType(_F32, 16), ir.VectorType(i8, 64)
 
         def item(t, a, index):
             return cgutils.get_item_pointer(context, builder, t, a, index, wraparound=False)
@@ -381,10 +370,6 @@ def _block_dot_codegen(kind, tokens):
         accs = [cgutils.alloca_once_value(builder, ir.Constant(f32x16, [0.0] * 16)) for _ in range(tokens)]
         count = builder.udiv(builder.extract_value(qx_a.shape, 1), ir.Constant(intp, 32))
 
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]), "llvm.prefetch.p0"
-        )
-
         def load(ptr, offset_bytes, vty):
             return builder.load(
                 builder.bitcast(builder.gep(ptr, [_I32(offset_bytes)]), vty.as_pointer()), align=1
@@ -393,9 +378,8 @@ def _block_dot_codegen(kind, tokens):
         with cgutils.for_range(builder, count) as loop:
             b = loop.index
             blk = builder.gep(base, [builder.mul(b, ir.Constant(intp, group_bytes))])
-            for line in range(0, group_bytes, 64):  # a hint: past the array's end it does nothing
-                ahead = builder.gep(blk, [_I32(_PREFETCH_BYTES + line)])
-                builder.call(prefetch, [ahead, _I32(0), _I32(3), _I32(1)])  # read, keep in L1, data
+            for line in range(0, group_bytes, 64):
+                _prefetch(builder, builder.gep(blk, [_I32(_PREFETCH_BYTES + line)]), locality=3)
             d = load(blk, 0, f32x16)
             if q4:
                 m = load(blk, 64, f32x16)
@@ -416,12 +400,7 @@ def _block_dot_codegen(kind, tokens):
                         builder.bitcast(builder.gep(xb, [_I32(4 * c)]), _I32.as_pointer()), align=1
                     )
                     xs.append(builder.bitcast(_splat(builder, x4, 16), i8x64))
-                if q4 and DOT_PATH == "avx2":
-                    isum = _q4_block_sum_avx2(builder, weights, xs)
-                else:
-                    isum = ir.Constant(i32x16, [0] * 16)
-                    for w, x in zip(weights, xs, strict=True):
-                        isum = _byte_dot(builder, isum, w, x, not q4)
+                isum = _block_sum(builder, weights, xs, not q4)
                 corr = builder.load(builder.gep(corr_rows[t], [b]))
                 if offset:  # sum (q + 128) x = sum q x + 128 sum x
                     isum = builder.sub(isum, _splat(builder, builder.mul(corr, _I32(128)), 16))

@@ -332,6 +332,11 @@ class SpeculativeStats:
         self.accepted[i] += accepted
         self.rejected[i] += int(accepted < verified)
 
+    def record_undrafted(self, n: int) -> None:
+        """``n`` samples verified no draft this step: :meth:`record` with nothing accepted of
+        nothing verified, for all of them at once (it only counts their sample-steps)."""
+        self.sample_steps += n
+
     def shadow(self, i: int, hit: bool) -> None:
         """A free check of sample ``i``'s first trimmed draft token: accepted (``hit``) or not."""
         self.accepted[i] += hit
@@ -539,7 +544,7 @@ def _autoregressive_step(model, cache, seq_ids, last, drafts: _Drafts, active, s
     logits = decode_step(model, cache, seq_ids, last)
     stats.forward(computed=len(active), seconds=time.perf_counter() - t0)
     tokens = sample(to_host(logits), sampling, rng)
-    stats.sample_steps += len(active)  # each sample: no draft verified, none accepted
+    stats.record_undrafted(len(active))
     if drafts.probs is None:
         for j, i in enumerate(active):
             if drafts.proposed[j].size:

@@ -5,7 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from decoding._simd import HALF_CONVERSION
 from decoding.kernels import FEW_ROWS, linear, rms_norm, rows_times_weights, varlen_attention
+
+#: The float16 cache's tests: a CPU without F16C keeps a float32 cache instead.
+needs_f16c = pytest.mark.skipif(
+    not HALF_CONVERSION, reason="this CPU has no F16C: the engine keeps a float32 cache"
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -201,15 +207,13 @@ def _half_cases():
     return np.concatenate([edges, -edges, ties, specials, rng.standard_normal(4000).astype(np.float32) * 30])
 
 
+@needs_f16c
 def test_float16_stores_and_loads_are_numpys():
     # A float16 cache's keys and values are rounded as NumPy's astype(np.float16) rounds (to
     # nearest, ties to even; overflow to infinity) and read back exactly.
     from numba import njit
 
-    from decoding._simd import HALF_CONVERSION, as_float, as_stored
-
-    if not HALF_CONVERSION:
-        pytest.skip("this CPU has no F16C: the engine keeps a float32 cache")
+    from decoding._simd import as_float, as_stored
 
     @njit
     def store(x, out):
@@ -232,15 +236,13 @@ def test_float16_stores_and_loads_are_numpys():
     np.testing.assert_array_equal(back, expect.astype(np.float32))  # NaN where NaN
 
 
+@needs_f16c
 def test_float16_cache_is_the_float32_cache_of_rounded_values():
     # RoPE writes rounded keys and values; the attention reads them back exactly, so a float16
     # cache gives what a float32 cache holding the rounded values gives (to float32 rounding:
     # LLVM may order the vector sums differently for the two element types).
-    from decoding._simd import HALF_CONVERSION
     from decoding.kernels import rope_and_store
 
-    if not HALF_CONVERSION:
-        pytest.skip("this CPU has no F16C: the engine keeps a float32 cache")
     rng = np.random.default_rng(5)
     T, H, Hkv, D, slots_n = 7, 6, 2, 16, 12
     qkv = rng.standard_normal((T, (H + 2 * Hkv) * D)).astype(np.float32) * 4

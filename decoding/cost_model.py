@@ -17,9 +17,9 @@ or, as an option, the ``N`` with the most tokens per second in this step). ``N =
 autoregressive step.
 
 The estimates learn from every step, drafted or not: when the budget trims a cheap drafter's
-proposal, the loop checks the first trimmed token against the token the target chose there (a
-*shadow check*, free), so a sample whose drafts would pay is found even where the prior alone
-would never let it draft.
+proposal, the loop checks the trimmed tokens, one a step, against the tokens the target chooses
+there (*shadow checks*, free), so a sample whose drafts would pay is found even where the prior
+alone would never let it draft.
 """
 
 from __future__ import annotations

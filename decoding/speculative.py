@@ -28,8 +28,8 @@ output distribution exactly the target's. Deterministic drafters have a one-hot 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 
 import numpy as np
 
@@ -290,7 +290,7 @@ class SpeculativeStats:
     trimmed : int
         Draft tokens proposed but dropped by the budget.
     shadow_checks : int
-        Trimmed draft tokens checked against the target's token at no cost.
+        Trimmed draft tokens checked against the target's tokens at no cost (:meth:`expect`).
     last_forward : tuple
         ``(tokens, seconds)`` of the latest forward (the draft budget's drift check reads it).
 
@@ -303,6 +303,14 @@ class SpeculativeStats:
     >>> d = st.as_dict()
     >>> d["mean_accepted"], d["acceptance_rate"], st.rejected.tolist()
     (1.5, 0.75, [1.0, 0.0])
+
+    A trimmed tail of sample 1, checked by the tokens of the next two steps (two accepted, then a
+    rejection):
+
+    >>> st.expect(1, np.array([4, 5, 6]))
+    >>> st.check(1, [4]); st.check(1, [5, 9])
+    >>> st.shadow_checks, st.accepted.tolist(), st.rejected.tolist()
+    (3, [2.0, 3.0], [1.0, 1.0])
     """
 
     accepted: np.ndarray
@@ -318,6 +326,7 @@ class SpeculativeStats:
     trimmed: int = 0
     shadow_checks: int = 0
     last_forward: tuple = ()  # (tokens, seconds) of the latest forward, for the budget's drift check
+    tails: dict = field(default_factory=dict)  # sample -> its trimmed draft tokens not yet checked
 
     @classmethod
     def for_samples(cls, n: int) -> SpeculativeStats:
@@ -337,11 +346,34 @@ class SpeculativeStats:
         nothing verified, for all of them at once (it only counts their sample-steps)."""
         self.sample_steps += n
 
-    def shadow(self, i: int, hit: bool) -> None:
-        """A free check of sample ``i``'s first trimmed draft token: accepted (``hit``) or not."""
-        self.accepted[i] += hit
-        self.rejected[i] += not hit
-        self.shadow_checks += 1
+    def expect(self, i: int, tail) -> None:
+        """Sample ``i``'s drafter predicted ``tail`` to come next, but it was not verified (the
+        budget trimmed it): the tokens the target adds from now on check it token by token, free
+        (:meth:`check`), as verification would have. A later prediction replaces it (the check of
+        this one then ends without a rejection, as a fully accepted draft does)."""
+        if len(tail):
+            self.tails[i] = [int(t) for t in tail]
+        else:
+            self.tails.pop(i, None)
+
+    def check(self, i: int, tokens) -> None:
+        """The target added ``tokens`` to sample ``i``: they check its trimmed tail, if any.
+
+        Each token equal to the tail's next one is an accepted draft token; the first that differs
+        is a rejection, and ends the check (as it would end a verified draft).
+        """
+        tail = self.tails.get(i)
+        for t in tokens if tail is not None else ():
+            self.shadow_checks += 1
+            if int(t) != tail[0]:
+                self.rejected[i] += 1
+                del self.tails[i]
+                return
+            self.accepted[i] += 1
+            del tail[0]
+            if not tail:
+                del self.tails[i]
+                return
 
     def forward(self, *, computed: int, padded: int = 0, seconds: float = 0.0) -> None:
         """One verification forward of ``computed`` tokens, ``padded`` of them pads (``seconds`` long)."""
@@ -379,9 +411,19 @@ class _Drafts:
     proposed: list
     probs: list | None = None
 
-    @property
+    @cached_property
     def lengths(self) -> np.ndarray:
         return np.array([d.size for d in self.verified], dtype=np.int64)
+
+    @classmethod
+    def none(cls, n: int) -> _Drafts:
+        """``n`` samples, no draft for any (a step the budget's back-off skips)."""
+        empty = [_NO_DRAFT] * n
+        return cls(empty, empty)
+
+
+_NO_DRAFT = np.zeros(0, dtype=np.int64)
+_NO_DRAFT.flags.writeable = False  # shared by every sample of a skipped step
 
 
 def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
@@ -389,11 +431,10 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
 
     ``context(i)`` gives sample ``i``'s tokens so far, asked for only when the drafter is: a step
     the budget skips builds no context."""
+    if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
+        return _Drafts.none(len(active))
     room = np.minimum(max_draft, left - 1)
     alphas, cut = None, False
-    if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
-        none = [np.zeros(0, dtype=np.int64) for _ in active]
-        return _Drafts(none, none)
     contexts = [context(i) for i in active]
     if budget is not None:
         # for this step's rate (prompts waiting), pooled over every sample of the call, finished
@@ -436,13 +477,29 @@ def _judge(rows, *, drafts: _Drafts, active, verify, sampling, rng, stats) -> li
         m, new = verify(rows[j], d, sampling, None if drafts.probs is None else drafts.probs[j][:n], rng)
         results.append((m, new))
         stats.record(i, accepted=m, verified=n)
-        if m == n and drafts.proposed[j].size > m and drafts.probs is None:
-            # A shadow check, free: the token the target chose after the last verified draft
-            # token is the one the first trimmed draft token would have been checked against
-            # (for a deterministic drafter, accepted iff equal, greedy or sampled). Without it
-            # a sample the budget never drafts for never shows that its drafts would pay.
-            stats.shadow(i, new[-1] == int(drafts.proposed[j][m]))
     return results
+
+
+def _shadow(drafts: _Drafts, active, results, stats: SpeculativeStats) -> None:
+    """Shadow checks, free: the tokens the target chose check each sample's trimmed draft tokens.
+
+    After a fully accepted draft, the target's next token is the one the first trimmed draft token
+    would have been checked against, and the tokens of the next steps check the rest of the tail
+    (for a deterministic drafter, accepted iff equal, greedy or sampled; a drafter that gives its
+    probabilities would need them, and is not checked). Without them a sample the budget never
+    drafts for never shows that its drafts would pay; with the whole tail a quoting sample shows
+    it in a step or two, not one token per time the drafter is asked.
+    """
+    if drafts.probs is not None:
+        return
+    for j, i in enumerate(active):
+        proposed = drafts.proposed[j]
+        if proposed.size:  # a new prediction: its trimmed tail, if this step accepted all before it
+            (m, new), n = results[j], int(drafts.lengths[j])
+            stats.expect(i, proposed[n:] if m == n else proposed[:0])
+            stats.check(i, new[m:])
+        elif i in stats.tails:  # not asked this step, or no draft: the new tokens check an earlier one
+            stats.check(i, results[j][1])
 
 
 def packed_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: SpeculativeStats):
@@ -536,19 +593,15 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     return results
 
 
-def _autoregressive_step(model, cache, seq_ids, last, drafts: _Drafts, active, sampling, rng, stats):
+def _autoregressive_step(model, cache, seq_ids, last, active, sampling, rng, stats):
     """The step when no sample verifies a draft: :func:`~decoding.scheduling.decode_step` and
-    :func:`~decoding.sampling.sample`, exactly the autoregressive loop's, with the free shadow checks
-    of the drafts the budget trimmed. Returns ``(0, [token])`` per sample, as the steps do."""
+    :func:`~decoding.sampling.sample`, exactly the autoregressive loop's. Returns ``(0, [token])``
+    per sample, as the steps do."""
     t0 = time.perf_counter()
     logits = decode_step(model, cache, seq_ids, last)
     stats.forward(computed=len(active), seconds=time.perf_counter() - t0)
     tokens = sample(to_host(logits), sampling, rng)
     stats.record_undrafted(len(active))
-    if drafts.probs is None:
-        for j, i in enumerate(active):
-            if drafts.proposed[j].size:
-                stats.shadow(i, int(tokens[j]) == int(drafts.proposed[j][0]))
     return [(0, [int(t)]) for t in tokens]
 
 
@@ -696,9 +749,7 @@ def speculative_generate(
             )  # fmt: skip
             last = [outs.tokens[i][-1] for i in active]
             if not vanilla and verifier is None and not drafts.lengths.any():
-                results = _autoregressive_step(
-                    model, cache, seq[active], last, drafts, active, sampling, rng, stats
-                )
+                results = _autoregressive_step(model, cache, seq[active], last, active, sampling, rng, stats)
             else:
                 judge = partial(
                     _judge,
@@ -711,6 +762,8 @@ def speculative_generate(
                 )
                 results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
             npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+            if budget is not None:
+                _shadow(drafts, active, results, stats)
             if budget is not None:  # live timings against the cost model: re-measured when they drift
                 budget.observe(stats.last_forward[0], len(active), stats.last_forward[1])
                 outside = time.perf_counter() - t_step - stats.last_forward[1]

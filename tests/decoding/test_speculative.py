@@ -667,6 +667,28 @@ def test_budget_learns_from_drafts_it_trimmed(tiny64, layout, objective, most_fo
     assert res.stats["verify_forwards"] <= most_forwards
 
 
+def test_shadow_checks_follow_the_whole_trimmed_tail(tiny64, monkeypatch):
+    """A budget that never drafts (a second token costs as much as the first) checks each trimmed
+    draft token by token against the tokens the next steps add, free: with perfect drafts every
+    check is a hit (no rejection), and a proposal is checked by several steps, not only by the
+    one after it (one check per proposal, before)."""
+    model, tok = tiny64
+    ids = [tok.encode(t) for t in ["the cat", "in the hat sat a", "x"]]
+    ref = _ar(model, tok, ids, 24)
+    drafter = PerfectDrafter(ids, ref.tokens, 0)
+    proposals, propose = [], drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda c, k, s: proposals.append(len(s)) or propose(c, k, s))
+    made, for_samples = [], SpeculativeStats.for_samples
+    monkeypatch.setattr(SpeculativeStats, "for_samples", lambda n: made.append(for_samples(n)) or made[-1])
+    steep = DraftBudget(CostModel((1, 2), (1.0, 2.0)))
+    res = _run(model, tok, ids, layout="ems", drafter=drafter, max_new=24, max_draft=7, budget=steep)
+    assert res.tokens == ref.tokens and res.stats["draft_tokens"] == 0
+    stats = made[0]
+    checks = res.stats["budget_shadow_checks"]
+    assert stats.rejected.sum() == 0 and stats.accepted.sum() == checks
+    assert checks >= 3 * sum(proposals)  # each sample's proposal, checked over three or more steps
+
+
 def test_cost_model_measured_once_and_cached(tiny64, tmp_path):
     model, _ = tiny64
     cm = CostModel.for_model(model, cache_dir=tmp_path)

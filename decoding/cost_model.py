@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -65,6 +66,9 @@ _remeasured: set = set()  # cache files re-measured after a drift in this proces
 # DraftBudget.allocate's makespan search evaluates the candidate allocations in blocks of this
 # many [candidates, samples] entries (about 8 float64 temporaries each: a few MB at most)
 _ALLOCATE_ELEMENTS = 1 << 16
+
+#: The most steps the budget's back-off skips (:meth:`DraftBudget.record_decision`).
+MAX_SKIP = 64
 
 
 def cost_cache_dir() -> Path:
@@ -344,6 +348,7 @@ class DriftCheck:
         self.cost, self.window, self.tolerance = cost, int(window), float(tolerance)
         self.ratios: list[float] = []
         self.last_ratio = float("nan")
+        self.last_predicted = 0.0  # the model's seconds for the latest forward observed
         self._predicted: dict = {}  # (tokens, seqs) -> seconds: a step's sizes repeat
 
     def observe(self, tokens: int, seqs: int, seconds: float) -> bool:
@@ -351,6 +356,7 @@ class DriftCheck:
         predicted = self._predicted.get((tokens, seqs))
         if predicted is None:
             predicted = self._predicted[tokens, seqs] = self.cost.cost(tokens, seqs)
+        self.last_predicted = predicted
         if not (seconds > 0 and predicted > 0):
             return False
         self.ratios.append(seconds / predicted)
@@ -388,6 +394,10 @@ class DraftBudget:
         and a gain inside it is as likely a loss (the autoregressive step is then exactly what
         autoregressive decoding does, so "never slower than autoregressive" holds where the
         prediction is uncertain).
+    ask_share : float, default 0.005
+        From the second cut in a row on, the back-off skips enough steps that the asks it cuts
+        (the drafter's proposal and the allocation, then no draft) cost at most this share of the
+        forwards' time (:meth:`record_decision`); 0 leaves the back-off to its doubling alone.
 
     Attributes
     ----------
@@ -420,6 +430,7 @@ class DraftBudget:
         objective: str = "makespan",
         remeasure=None,
         margin: float = 0.05,
+        ask_share: float = 0.005,
     ):
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
@@ -430,12 +441,16 @@ class DraftBudget:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
+        if not 0.0 <= ask_share < 1.0:
+            raise ValueError(f"ask_share must be in [0, 1), got {ask_share}")
+        self.ask_share = float(ask_share)
         self.remeasure, self.remeasured, self.rescaled = remeasure, 0, 0
         self.drift = DriftCheck(target_cost)
         self.step_overhead = 0.0
         self._outside = {True: None, False: None}  # mean seconds outside the forward, by drafted
         self._quiet = 0  # consecutive steps whose drafts the budget cut to nothing
         self._skip = 0  # steps left that do not ask the drafter at all
+        self._forward = None  # exponential mean of the live forwards' seconds
 
     def should_propose(self) -> bool:
         """Whether the loop should ask the drafter this step (see :meth:`record_decision`).
@@ -453,16 +468,36 @@ class DraftBudget:
             return False
         return True
 
-    def record_decision(self, drafted: bool) -> None:
+    def record_decision(self, drafted: bool, seconds: float = 0.0) -> None:
         """After the budget cut a step's drafts to nothing ``k`` times in a row, the next
         ``min(2 ** (k - 1), 16)`` steps skip the drafter and the budget: they are autoregressive
-        steps with no speculative overhead (proposing and allocating cost 2-3% of a step at batch
-        8 on this CPU). One step with drafts resets the count."""
+        steps with no speculative overhead. One step with drafts resets the count.
+
+        From the second cut in a row on, the skip is also long enough that such asks cost at most
+        ``ask_share`` (0.5%) of the time: ``seconds`` is what this ask cost (the proposal and
+        the allocation: 0.3-0.6 ms at batch 4 to 16 on this CPU, 5-10% of a forward), set against
+        the mean cost of the live forwards by the cost model (:meth:`observe`: the currency of
+        the allocation, re-measured or rescaled when the forwards drift), up to :data:`MAX_SKIP`
+        steps. The first cut
+        skips one step only: it may come from the prior alone, before the shadow checks of its
+        trimmed drafts have shown how well they would do.
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+        >>> b.observe(1, 1, 0.01)  # a forward of 10 ms, as the model says
+        >>> b.record_decision(False, seconds=0.0004); b._skip  # the first cut
+        1
+        >>> b.record_decision(False, seconds=0.0004); b._skip  # 0.4 ms <= 0.5% of 8 forwards
+        8
+        """
         if drafted:
             self._quiet = self._skip = 0
-        else:
-            self._quiet += 1
-            self._skip = min(2 ** (self._quiet - 1), 16)
+            return
+        self._quiet += 1
+        self._skip = min(2 ** (self._quiet - 1), 16)
+        if self._quiet >= 2 and self.ask_share > 0 and seconds > 0 and self._forward:
+            self._skip = max(self._skip, min(MAX_SKIP, math.ceil(seconds / (self.ask_share * self._forward))))
 
     def record_nothing_proposed(self) -> None:
         """The drafter had no draft for any sample this step: the next step does not ask it.
@@ -535,7 +570,10 @@ class DraftBudget:
         >>> b.rescaled, round(b.target_cost.cost(1), 3)
         (1, 0.03)
         """
-        if not self.drift.observe(tokens, seqs, seconds):
+        drifted = self.drift.observe(tokens, seqs, seconds)
+        p = self.drift.last_predicted  # in the cost model's seconds, as the allocation weighs them
+        self._forward = p if self._forward is None else 0.8 * self._forward + 0.2 * p
+        if not drifted:
             return
         fresh = None
         if self.remeasure is not None and not self.remeasured:

@@ -433,6 +433,7 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
     the budget skips builds no context."""
     if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
         return _Drafts.none(len(active))
+    t_ask = time.perf_counter()
     room = np.minimum(max_draft, left - 1)
     alphas, cut = None, False
     contexts = [context(i) for i in active]
@@ -458,13 +459,13 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
         return drafts
     if not drafts.lengths.any():  # nothing to verify: the plan cut every draft, or the drafter had none
         if cut:
-            budget.record_decision(False)
+            budget.record_decision(False, time.perf_counter() - t_ask)
         elif room.any():
             budget.record_nothing_proposed()
         return drafts
     offers = budget.offer_rates(stats.offered, stats.asked)[active] if makespan else None
     keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon, offers=offers)
-    budget.record_decision(bool(keep.any()))
+    budget.record_decision(bool(keep.any()), time.perf_counter() - t_ask)
     stats.trimmed += int((drafts.lengths - keep).sum())
     return _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed, proposal.probs)
 

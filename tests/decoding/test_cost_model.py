@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from decoding import cost_model
-from decoding.cost_model import CostModel, DraftBudget, DriftCheck, weight_format
+from decoding.cost_model import MAX_SKIP, CostModel, DraftBudget, DriftCheck, weight_format
 
 CURVE = CostModel((1, 8, 64), (0.010, 0.012, 0.050))
 
@@ -166,6 +166,24 @@ def test_quiet_budget_backs_off_and_one_draft_resets_it():
     assert gaps.tolist()[:4] == [2, 3, 5, 9] and gaps.max() <= 17  # skips 1, 2, 4, 8, ... 16 at most
     budget.record_decision(True)
     assert budget.should_propose() and budget.should_propose()  # drafting again: asked every step
+
+
+def test_cut_asks_are_kept_under_their_share_of_the_time():
+    budget = DraftBudget(CostModel((1, 2), (0.01, 0.02)), ask_share=0.01)
+    for _ in range(3):
+        budget.observe(1, 1, 0.01)  # forwards of 10 ms, as the model says
+    budget.record_decision(False, seconds=0.002)
+    assert budget._skip == 1  # the first cut: one step, whatever the ask cost
+    budget.record_decision(False, seconds=0.002)
+    assert budget._skip == 20  # 2 ms an ask is 1% of 20 forwards
+    budget.record_decision(False, seconds=0.00001)
+    assert budget._skip == 4  # a cheap ask: the doubling
+    budget.record_decision(False, seconds=1.0)
+    assert budget._skip == MAX_SKIP
+    budget.record_decision(True)
+    assert budget.should_propose()
+    with pytest.raises(ValueError, match="ask_share"):
+        DraftBudget(CostModel((1, 2), (0.01, 0.02)), ask_share=1.0)
 
 
 def test_makespan_counts_on_a_sample_the_drafter_rarely_serves():

@@ -410,16 +410,22 @@ class _Drafts:
     verified: list
     proposed: list
     probs: list | None = None
+    asked: bool = True  # whether the drafter was asked this step
 
     @cached_property
     def lengths(self) -> np.ndarray:
         return np.array([d.size for d in self.verified], dtype=np.int64)
 
+    @cached_property
+    def drafted(self) -> bool:
+        """Whether any sample has a draft to verify."""
+        return any(d.size for d in self.verified)
+
     @classmethod
     def none(cls, n: int) -> _Drafts:
-        """``n`` samples, no draft for any (a step the budget's back-off skips)."""
+        """``n`` samples, no draft for any, the drafter not asked (a step the budget's back-off skips)."""
         empty = [_NO_DRAFT] * n
-        return cls(empty, empty)
+        return cls(empty, empty, asked=False)
 
 
 _NO_DRAFT = np.zeros(0, dtype=np.int64)
@@ -429,10 +435,8 @@ _NO_DRAFT.flags.writeable = False  # shared by every sample of a skipped step
 def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
     """Ask the drafter for each active sample's drafts and cut them to the room and the budget.
 
-    ``context(i)`` gives sample ``i``'s tokens so far, asked for only when the drafter is: a step
-    the budget skips builds no context."""
-    if budget is not None and not budget.should_propose():  # the budget has been drafting nothing
-        return _Drafts.none(len(active))
+    ``context(i)`` gives sample ``i``'s tokens so far, asked for only when the drafter is (the
+    loop does not call this function on a step the budget's back-off skips)."""
     t_ask = time.perf_counter()
     room = np.minimum(max_draft, left - 1)
     alphas, cut = None, False
@@ -491,7 +495,7 @@ def _shadow(drafts: _Drafts, active, results, stats: SpeculativeStats) -> None:
     drafts for never shows that its drafts would pay; with the whole tail a quoting sample shows
     it in a step or two, not one token per time the drafter is asked.
     """
-    if drafts.probs is not None:
+    if drafts.probs is not None or (not drafts.asked and not stats.tails):
         return
     for j, i in enumerate(active):
         proposed = drafts.proposed[j]
@@ -743,14 +747,18 @@ def speculative_generate(
         while active:
             t_step = time.perf_counter()
             threads.update()
-            left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
-            drafts = _draft(
-                drafter, budget, context, active, left, max_draft=k, padded=vanilla,
-                horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
-            )  # fmt: skip
+            if budget is not None and not budget.should_propose():  # its back-off: no drafter, no budget
+                drafts = _Drafts.none(len(active))
+            else:
+                left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
+                drafts = _draft(
+                    drafter, budget, context, active, left, max_draft=k, padded=vanilla,
+                    horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
+                )  # fmt: skip
             last = [outs.tokens[i][-1] for i in active]
-            if not vanilla and verifier is None and not drafts.lengths.any():
+            if not vanilla and verifier is None and not drafts.drafted:
                 results = _autoregressive_step(model, cache, seq[active], last, active, sampling, rng, stats)
+                npos[active] += 1
             else:
                 judge = partial(
                     _judge,
@@ -762,13 +770,13 @@ def speculative_generate(
                     stats=stats,
                 )
                 results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
-            npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+                npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
             if budget is not None:
                 _shadow(drafts, active, results, stats)
-            if budget is not None:  # live timings against the cost model: re-measured when they drift
+                # live timings against the cost model: re-measured when they drift
                 budget.observe(stats.last_forward[0], len(active), stats.last_forward[1])
                 outside = time.perf_counter() - t_step - stats.last_forward[1]
-                budget.observe_step(bool(drafts.lengths.any()), outside)
+                budget.observe_step(drafts.drafted, outside)
             active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
             step_times.append(time.perf_counter() - t_step)
             while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)

@@ -450,6 +450,7 @@ class DraftBudget:
         self._outside = {True: None, False: None}  # mean seconds outside the forward, by drafted
         self._quiet = 0  # consecutive steps whose drafts the budget cut to nothing
         self._skip = 0  # steps left that do not ask the drafter at all
+        self._idle = 0  # consecutive asks where the drafter had no draft for any sample
         self._forward = None  # exponential mean of the live forwards' seconds
 
     def should_propose(self) -> bool:
@@ -491,22 +492,26 @@ class DraftBudget:
         >>> b.record_decision(False, seconds=0.0004); b._skip  # 0.4 ms <= 0.5% of 8 forwards
         8
         """
+        self._idle = 0  # the drafter had a draft
         if drafted:
             self._quiet = self._skip = 0
             return
         self._quiet += 1
         self._skip = min(2 ** (self._quiet - 1), 16)
-        if self._quiet >= 2 and self.ask_share > 0 and seconds > 0 and self._forward:
-            self._skip = max(self._skip, min(MAX_SKIP, math.ceil(seconds / (self.ask_share * self._forward))))
+        if self._quiet >= 2:
+            self._skip = max(self._skip, self._share_skip(seconds))
 
-    def record_nothing_proposed(self) -> None:
+    def record_nothing_proposed(self, seconds: float = 0.0) -> None:
         """The drafter had no draft for any sample this step: the next step does not ask it.
 
         Gentler than a cut (:meth:`record_decision`): a drafter that finds nothing now (LLMA
         before the answer reaches its reference) may find a draft two steps on, and a sample
         that starts copying late should not wait 8 or 16 steps for its first draft (of 32
         tokens, in the benchmarks). Asking every other step halves the cost of a drafter that
-        never finds anything (its matching is 0.1 ms a step at batch 1, 1-2% of a step).
+        never finds anything (its matching is 0.1 ms a step at batch 1, 1-2% of a step). From
+        the second such step in a row on, the skip is also long enough that these asks
+        (``seconds`` each: 0.3-0.7 ms for LLMA at batch 16, 2-5% of a forward) cost at most
+        ``ask_share`` of the forwards' time, as for cuts.
 
         Examples
         --------
@@ -515,7 +520,16 @@ class DraftBudget:
         >>> [b.should_propose() for _ in range(3)]
         [False, True, True]
         """
+        self._idle += 1
         self._skip = max(self._skip, 1)
+        if self._idle >= 2:
+            self._skip = max(self._skip, self._share_skip(seconds))
+
+    def _share_skip(self, seconds: float) -> int:
+        """Steps to skip so that an ask of ``seconds`` costs at most ``ask_share`` of the forwards."""
+        if self.ask_share <= 0 or seconds <= 0 or not self._forward:
+            return 0
+        return min(MAX_SKIP, math.ceil(seconds / (self.ask_share * self._forward)))
 
     def sample_joined(self) -> None:
         """A new sample joined the batch (continuous batching): the next step asks the drafter.

@@ -465,7 +465,7 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
         if cut:
             budget.record_decision(False, time.perf_counter() - t_ask)
         elif room.any():
-            budget.record_nothing_proposed()
+            budget.record_nothing_proposed(time.perf_counter() - t_ask)
         return drafts
     offers = budget.offer_rates(stats.offered, stats.asked)[active] if makespan else None
     keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon, offers=offers)

@@ -182,6 +182,15 @@ def test_cut_asks_are_kept_under_their_share_of_the_time():
     assert budget._skip == MAX_SKIP
     budget.record_decision(True)
     assert budget.should_propose()
+    idle = DraftBudget(CostModel((1, 2), (0.01, 0.02)), ask_share=0.01)
+    idle.observe(1, 1, 0.01)
+    idle.record_nothing_proposed(seconds=0.002)
+    assert idle._skip == 1  # the first step without any draft: one step
+    idle.record_nothing_proposed(seconds=0.002)
+    assert idle._skip == 20  # then the share
+    idle.record_decision(False, seconds=0.002)  # a draft was proposed (and cut): idle count reset
+    idle.record_nothing_proposed(seconds=0.002)
+    assert idle._skip == 1
     with pytest.raises(ValueError, match="ask_share"):
         DraftBudget(CostModel((1, 2), (0.01, 0.02)), ask_share=1.0)
 

@@ -761,7 +761,8 @@ def test_budget_asks_a_drafter_that_had_nothing_every_other_step(tiny64):
     ids = [tok.encode(t) for t in ["the cat", "in the hat sat a"]]
     ref = _ar(model, tok, ids, 24)
     drafter = SilentDrafter()
-    res = _run(model, tok, ids, layout="ems", drafter=drafter, max_new=24, budget=DraftBudget(CPU_COST, ask_share=0))
+    budget = DraftBudget(CPU_COST, ask_share=0)
+    res = _run(model, tok, ids, layout="ems", drafter=drafter, max_new=24, budget=budget)
     assert res.tokens == ref.tokens
     assert res.stats["verify_forwards"] == 23 and res.stats["draft_tokens"] == 0
     assert drafter.asked == 12  # steps 1, 3, ..., 23

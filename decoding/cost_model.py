@@ -451,7 +451,7 @@ class DraftBudget:
         self._quiet = 0  # consecutive steps whose drafts the budget cut to nothing
         self._skip = 0  # steps left that do not ask the drafter at all
         self._idle = 0  # consecutive asks where the drafter had no draft for any sample
-        self._forward = None  # exponential mean of the live forwards' seconds
+        self._forward = None  # exponential mean of the cost model's seconds for the live forwards
 
     def should_propose(self) -> bool:
         """Whether the loop should ask the drafter this step (see :meth:`record_decision`).
@@ -476,12 +476,11 @@ class DraftBudget:
 
         From the second cut in a row on, the skip is also long enough that such asks cost at most
         ``ask_share`` (0.5%) of the time: ``seconds`` is what this ask cost (the proposal and
-        the allocation: 0.3-0.6 ms at batch 4 to 16 on this CPU, 5-10% of a forward), set against
+        the allocation: 0.6-0.8 ms at batch 4 to 16 on this CPU, 4-12% of a forward), set against
         the mean cost of the live forwards by the cost model (:meth:`observe`: the currency of
         the allocation, re-measured or rescaled when the forwards drift), up to :data:`MAX_SKIP`
-        steps. The first cut
-        skips one step only: it may come from the prior alone, before the shadow checks of its
-        trimmed drafts have shown how well they would do.
+        steps. The first cut skips one step only: it may come from the prior alone, before the
+        shadow checks of its trimmed drafts have shown how well they would do.
 
         Examples
         --------

@@ -43,9 +43,14 @@ PREFILL_TOKENS = 4096
 class StreamState:
     """Per-sequence incremental detokenization with stop strings.
 
-    Decodes the whole generated id list each step (simple and exact for byte-level BPE), holds
-    back an incomplete UTF-8 character and any tail that could still begin a stop string, and
-    reports the new text since the last call.
+    Each update decodes only the newest tokens, in a window that starts at the previous update's
+    new tokens (as vLLM detokenizes): the text the window adds is the difference of the window's
+    text and the text of its first part, taken once that does not end in an incomplete UTF-8
+    character. Decoding the whole sequence every step cost O(length) a token, 0.3 ms a sample at
+    2,048 tokens. Where a tokenizer's text of a window does not begin with the text of its first
+    part, the whole sequence is decoded instead; the text at the end is the whole sequence's
+    decoded once (exactly what decoding it at once gives). It holds back any tail that could
+    still begin a stop string, and reports the new text since the last call.
 
     Examples
     --------
@@ -63,10 +68,40 @@ class StreamState:
         self.emitted = 0  # characters of text already reported
         self.text = ""
         self.stopped = False
+        self._decoded = ""  # the text of ids[:_read], decoded window by window
+        self._window = 0  # where the last window's new tokens began (ids[_window:_read])
+        self._read = 0  # ids decoded into _decoded
+        self._head: list[int] = []  # ids[_window:_read], to see that the next ids extend them
+        self._ids: list[int] = []  # the ids of the latest update
+
+    def _text_of(self, ids: list[int]) -> str:
+        """The text of ``ids`` (which extend the previous update's), from its newest tokens."""
+        if len(ids) < self._read or list(ids[self._window : self._read]) != self._head:
+            return self._whole(ids)  # not an extension of the ids decoded so far
+        if len(ids) > self._read:
+            head = self.tokenizer.decode(self._head)
+            window = self.tokenizer.decode(ids[self._window :])
+            if not window.startswith(head):  # not prefix-stable here: the whole sequence
+                return self._whole(ids)
+            text = self._decoded + window[len(head) :]
+            if not window.endswith("\ufffd"):  # kept; an incomplete character waits for its bytes
+                self._decoded = text
+                self._window, self._read, self._head = self._read, len(ids), list(ids[self._read :])
+            return text
+        return self._decoded
+
+    def _whole(self, ids: list[int]) -> str:
+        """The text of all of ``ids``; kept as decoded when it ends on a whole character (else the
+        next window starts from the first token, never inside a character)."""
+        text = self.tokenizer.decode(ids)
+        n = 0 if text.endswith("\ufffd") else len(ids)
+        self._decoded, self._window, self._read, self._head = text[: len(text) if n else 0], n, n, []
+        return text
 
     def update(self, ids: list[int]) -> str:
         """Register the generated ids so far; return the newly final text (may be empty)."""
-        text = self.tokenizer.decode(ids)
+        self._ids = ids
+        text = self._text_of(ids)
         final = len(text)
         for s in self.stop:
             i = text.find(s)
@@ -80,7 +115,7 @@ class StreamState:
                 final = len(text.rstrip("\ufffd"))
             for s in self.stop:  # hold back a tail that may grow into a stop string
                 for k in range(min(len(s) - 1, final), 0, -1):
-                    if text[:final].endswith(s[:k]):
+                    if text.endswith(s[:k], 0, final):
                         final -= k
                         break
         self.text = text
@@ -89,7 +124,9 @@ class StreamState:
         return delta
 
     def flush(self) -> str:
-        """The held-back text at the end of generation."""
+        """The held-back text at the end of generation (the whole sequence decoded once)."""
+        if not self.stopped:
+            self.text = self.tokenizer.decode(self._ids)
         delta = self.text[self.emitted :]
         self.emitted = len(self.text)
         return delta

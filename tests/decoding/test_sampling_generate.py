@@ -77,6 +77,53 @@ def test_stream_state_holds_back_stop_prefixes(tiny64):
     assert st.stopped and st.text == "ab"
 
 
+def _streamed(tok, ids, stop):
+    """Every update of a StreamState over the growing ``ids``, then its flush: (pieces, state)."""
+    st = StreamState(tok, stop)
+    pieces = [st.update(ids[:n]) for n in range(1, len(ids) + 1) if not st.stopped]
+    return pieces + [st.flush()], st
+
+
+def _whole_stream(tok, ids, stop):
+    """The same from a decode of the whole sequence at each update (the rule before 2026-12-06)."""
+    out, emitted = [], 0
+    for n in range(1, len(ids) + 1):
+        text = tok.decode(ids[:n])
+        cut = min([text.find(s) for s in stop if s in text], default=-1)
+        if cut >= 0:
+            return out + [text[emitted:cut]], text[:cut]
+        final = len(text.rstrip("\ufffd"))
+        for s in stop:
+            for k in range(min(len(s) - 1, final), 0, -1):
+                if text[:final].endswith(s[:k]):
+                    final -= k
+                    break
+        out.append(text[emitted:final])
+        emitted = max(emitted, final)
+    return out + [text[emitted:]], text
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_stream_state_decodes_windows_as_the_whole_sequence(which, tiny64, request):
+    """Random token sequences (broken UTF-8 and special tokens included): the incremental
+    detokenizer reports the same pieces, finds the same stop strings and ends with the same text as
+    decoding the whole sequence at every step."""
+    tok = tiny64.tokenizer if which == "tiny" else request.getfixturevalue("real_model")[1]
+    rng = np.random.default_rng(7)
+    texts = ["héllo wörld 日本語 naïve — ok", "the cat in the hat", "a\nb\tc  d"]
+    for trial in range(60):
+        if trial % 2:
+            ids = [int(t) for t in rng.integers(0, tok.vocab_size, size=int(rng.integers(1, 40)))]
+        else:
+            ids = tok.encode(texts[trial % 3])
+        whole = tok.decode(ids)
+        stop = [] if trial % 3 else [whole[len(whole) // 2 : len(whole) // 2 + 2] or "x"]
+        pieces, st = _streamed(tok, ids, stop)
+        want, text = _whole_stream(tok, ids, stop)
+        assert st.text == text and "".join(pieces) == text
+        assert [p for p in pieces if p] == [p for p in want if p]
+
+
 # -- generate ------------------------------------------------------------------------------------
 def test_greedy_batch_matches_each_alone_and_streams(tiny64):
     model, tok = tiny64

@@ -294,6 +294,10 @@ def run(quick: bool = False) -> Report:
             all(r >= 1.0 for r in bud.values()),
         )
     )
+    report.notes.append(
+        "Rounds of the budget target (copy, LLMA, EMS-SD + budget over autoregressive, each round's "
+        "ratio): " + "; ".join(f"B={B}: {rounds('copy', B, 'ems+budget')}" for B in batches) + "."
+    )
     all_same = all(r["same"] for r in rows)
     report.targets.append(
         Target("every speculative run gives the autoregressive tokens", str(all_same), all_same)

@@ -737,7 +737,7 @@ def speculative_generate(
         admitted, logits = _padded_prefill(model, cache, queue, seq, prompts, key_valid)
     else:
         admitted, logits = queue.admit(model, cache, seq, prompt_ids)  # [slots, V]
-    prefill_time, step_times = queue.prefill_time, []
+    prefill_time, step_times, calibration = queue.prefill_time, [], 0.0
     step = partial(padded_step, key_valid=key_valid) if vanilla else packed_step
     with engine_threads() as threads:  # numba threads for the cores other processes leave free
         decode_start = time.perf_counter()
@@ -774,7 +774,12 @@ def speculative_generate(
             if budget is not None:
                 _shadow(drafts, active, results, stats)
                 # live timings against the cost model: re-measured when they drift
+                t_obs, remeasured = time.perf_counter(), budget.remeasured
                 budget.observe(stats.last_forward[0], len(active), stats.last_forward[1])
+                if budget.remeasured != remeasured:  # a pause to measure the cost model, not decoding
+                    paused = time.perf_counter() - t_obs
+                    calibration += paused
+                    t_step += paused
                 outside = time.perf_counter() - t_step - stats.last_forward[1]
                 budget.observe_step(drafts.drafted, outside)
             active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
@@ -784,12 +789,13 @@ def speculative_generate(
                 if joined and budget is not None:
                     budget.sample_joined()
                 active += joined
-    decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
+    decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time) - calibration
     res = outs.result(prompt_ids, queue, decode_time, step_times, method=layout)
     res.stats.update(
         drafter=drafter.name, max_draft=k, budget=budget is not None, max_batch=queue.slots,
         target_forwards=queue.prefill_forwards + stats.forwards, **stats.as_dict(),
         budget_remeasured=budget.remeasured if budget is not None else 0,
         budget_rescaled=budget.rescaled if budget is not None else 0,
+        budget_calibration_s=calibration,
     )  # fmt: skip
     return res

@@ -115,6 +115,31 @@ def test_the_loop_feeds_live_timings_to_the_budget(tiny64):
     assert calls == [1] and res.stats["budget_remeasured"] == 1
 
 
+def test_a_remeasurement_is_a_pause_not_decoding(tiny64):
+    import time
+
+    from decoding.drafters import make_drafter
+    from decoding.sampling import SamplingParams
+    from decoding.speculative import speculative_generate
+
+    model, tok = tiny64
+    wrong = CostModel((1, 64), (100.0, 200.0))
+
+    def slow_remeasure():  # what a quick calibration costs on the real model: about a second
+        time.sleep(0.5)
+        return wrong.scaled(1e-5)
+
+    t0 = time.perf_counter()
+    res = speculative_generate(
+        model, tok, [[1, 2, 3]], max_new_tokens=24, sampling=SamplingParams(), stop=[],
+        rng=np.random.default_rng(0), drafter=make_drafter("prompt_lookup", model, max_draft=4),
+        budget=DraftBudget(wrong, remeasure=slow_remeasure),
+    )  # fmt: skip
+    wall = time.perf_counter() - t0
+    assert res.stats["budget_remeasured"] == 1 and res.stats["budget_calibration_s"] >= 0.5
+    assert res.decode_time <= wall - 0.5 and max(res.step_times) < 0.5  # reported apart
+
+
 def test_remeasured_once_per_process_and_file(tiny64, tmp_path, monkeypatch):
     model, _ = tiny64
     first = CostModel.for_model(model, cache_dir=tmp_path)

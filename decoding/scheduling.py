@@ -68,34 +68,33 @@ class StreamState:
         self.emitted = 0  # characters of text already reported
         self.text = ""
         self.stopped = False
-        self._decoded = ""  # the text of ids[:_read], decoded window by window
-        self._window = 0  # where the last window's new tokens began (ids[_window:_read])
-        self._read = 0  # ids decoded into _decoded
-        self._head: list[int] = []  # ids[_window:_read], to see that the next ids extend them
+        self._decoded = ""  # the text of the ids decoded so far, window by window
+        self._window = 0  # where the last window's new tokens begin
+        self._head: list[int] = []  # those tokens (the ids decoded so far end with them)
         self._ids: list[int] = []  # the ids of the latest update
 
     def _text_of(self, ids: list[int]) -> str:
         """The text of ``ids`` (which extend the previous update's), from its newest tokens."""
-        if len(ids) < self._read or list(ids[self._window : self._read]) != self._head:
+        read = self._window + len(self._head)  # ids decoded into _decoded
+        if len(ids) < read or list(ids[self._window : read]) != self._head:
             return self._whole(ids)  # not an extension of the ids decoded so far
-        if len(ids) > self._read:
-            head = self.tokenizer.decode(self._head)
-            window = self.tokenizer.decode(ids[self._window :])
-            if not window.startswith(head):  # not prefix-stable here: the whole sequence
-                return self._whole(ids)
-            text = self._decoded + window[len(head) :]
-            if not window.endswith("\ufffd"):  # kept; an incomplete character waits for its bytes
-                self._decoded = text
-                self._window, self._read, self._head = self._read, len(ids), list(ids[self._read :])
-            return text
-        return self._decoded
+        if len(ids) == read:
+            return self._decoded
+        head = self.tokenizer.decode(self._head)
+        window = self.tokenizer.decode(ids[self._window :])
+        if not window.startswith(head):  # not prefix-stable here: the whole sequence
+            return self._whole(ids)
+        text = self._decoded + window[len(head) :]
+        if not window.endswith("\ufffd"):  # kept; an incomplete character waits for its bytes
+            self._decoded, self._window, self._head = text, read, list(ids[read:])
+        return text
 
     def _whole(self, ids: list[int]) -> str:
         """The text of all of ``ids``; kept as decoded when it ends on a whole character (else the
         next window starts from the first token, never inside a character)."""
         text = self.tokenizer.decode(ids)
-        n = 0 if text.endswith("\ufffd") else len(ids)
-        self._decoded, self._window, self._read, self._head = text[: len(text) if n else 0], n, n, []
+        kept = not text.endswith("\ufffd")
+        self._decoded, self._window, self._head = (text, len(ids), []) if kept else ("", 0, [])
         return text
 
     def update(self, ids: list[int]) -> str:

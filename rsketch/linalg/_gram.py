@@ -190,10 +190,7 @@ class GramOperator(LinearOperator):
         l = S.sketch_size
         if l < SPARSE_MIN_COLUMNS:
             return self._matmat(np.asarray(S.to_dense().T, dtype=self.dtype))
-        rows, signs = S.pattern()
-        s = rows.shape[1]
-        data = (signs * S._scale).astype(self.dtype).ravel()
-        S_csc = sp.csc_matrix((data, rows.ravel(), np.arange(0, p * s + 1, s)), shape=(l, p))
+        S_csc = sketch_matrix(S, self.dtype)
         shift = None if self.center is None else S_csc @ self.center
         chunk = (
             max(SKETCH_BLOCK_ROWS, SKETCH_CHUNK_BYTES // (l * X.itemsize))
@@ -216,6 +213,18 @@ class GramOperator(LinearOperator):
             if shift is not None:
                 out -= np.outer(Zt.sum(axis=1), self.center)
         return out.T
+
+
+def sketch_matrix(S: SketchOperator, dtype):
+    """``S`` as a matrix of shape ``(sketch_size, input_dim)`` in ``dtype``: a SciPy CSC matrix built
+    from a :class:`~rsketch.SparseSign`'s (or CountSketch's) pattern, ``O(s n)`` memory; the dense
+    form for any other sketch. Either way the entries are ``S.to_dense()``'s, bit for bit."""
+    if not isinstance(S, SparseSign):
+        return np.asarray(S.to_dense(), dtype=dtype)
+    rows, signs = S.pattern()
+    s = rows.shape[1]
+    data = (signs * S._scale).astype(dtype).ravel()
+    return sp.csc_matrix((data, rows.ravel(), np.arange(0, S.input_dim * s + 1, s)), shape=S.shape)
 
 
 def _host_dtype(X):

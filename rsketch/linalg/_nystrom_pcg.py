@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
+import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
 from rsketch._validation import check_int, check_real, check_seed, seed_sequence
-from rsketch.linalg._gram import GramOperator
+from rsketch.linalg._gram import GramOperator, sketch_matrix
 from rsketch.linalg._lowrank import NystromResult, _check_matrix, _cholqr_limit, nystrom
 from rsketch.linalg._results import ConvergenceWarning
 from rsketch.operators import make_sketch
@@ -217,56 +218,90 @@ def nystrom_pcg(
     return NystromPCGResult(x, its, norms, converged, approx, matvecs)
 
 
+#: The adaptive sketch uses its test blocks as drawn (not orthonormalised) when it can take at most
+#: ``n / DRAWN_MAX_FRACTION`` columns: a random ``n x l`` block is then well conditioned (a
+#: Gaussian one's condition number is about ``3``), and the approximation depends on its range only.
+#: A squarer block is not: at ``l = n = 400`` the drawn sparse sign left eigenvalues accurate to
+#: ``1e-7`` of the largest where orthonormal columns gave ``3e-10``, and CG needed 7 iterations for 3.
+DRAWN_MAX_FRACTION = 4
+
+
 def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     """Nyström approximation whose sketch doubles until ``lambda_l <= threshold`` or ``max_rank``.
 
-    Each round keeps the columns it has (``Omega`` and ``Y = A Omega``, filled from the left in
-    buffers of ``max_rank`` columns) and adds as many: ``A`` is applied to the new test block
-    ``G`` as drawn (for a :class:`~rsketch.linalg.GramOperator` and a sparse sign sketch, in
-    ``O(s n p)`` before the one GEMM), and ``G = Omega C + Q R`` (``Omega``'s part projected out,
-    then QR) gives the new orthonormal columns ``Q`` and their products
-    ``A Q = (A G - Y C) R^-1``. ``A`` is applied to ``l`` columns in all (not ``2 l``).
+    Each round keeps the columns it has (``Y = A Omega`` filled from the left in a buffer of
+    ``max_rank`` columns) and adds as many: ``A`` is applied to the new test block as drawn (for
+    a :class:`~rsketch.linalg.GramOperator` and a sparse sign sketch, in ``O(s n p)`` before the
+    one GEMM), ``A`` is applied to ``l`` columns in all (not ``2 l``).
 
-    Between rounds only ``l x l`` matrices are factored: ``B = Y_nu C^-1`` has
-    ``B.T B = C^-T (Y_nu.T Y_nu) C^-1``, with ``Y_nu.T Y_nu = Y.T Y + 2 nu sym(Omega.T Y) + nu^2 I``
-    (``Y.T Y`` and ``Omega.T Y`` grow by a block column a round). At the end ``B``'s left singular
-    vectors are ``B V Sigma^-1`` from that eigendecomposition: one ``n x l`` GEMM, where the SVD
-    of ``B`` cost several (5 s against 0.8 s at ``10,000 x 2,000``).
+    - With ``max_rank <= n / DRAWN_MAX_FRACTION`` the blocks are used as drawn: a sparse sign's
+      stay sparse, so ``Omega.T Y`` and ``Omega.T Omega`` cost ``O(s n l)``, and ``Omega`` is
+      never a dense ``n x l`` array. Orthonormalising each block against the ones before (with
+      its dense copy and the products' update) cost 2.0 s of the 9.0 s of a 1,600-column
+      sketch at ``p = 10,000``, and a full eigendecomposition each round 0.9 s (docs/lowrank.md).
+    - Otherwise ``G = Omega C + Q R`` (``Omega``'s part projected out, then QR) gives orthonormal
+      columns ``Q`` and their products ``A Q = (A G - Y C) R^-1`` (then ``Omega.T Omega = I``).
+
+    Between rounds only ``l x l`` matrices are factored, the shifted form of Tropp et al. (2017):
+    ``Y_nu = Y + nu Omega``, ``C = chol(Omega.T Y_nu)``, ``B = Y_nu C^-1``, whose
+    ``B.T B = C^-T (Y_nu.T Y_nu) C^-1`` comes from ``Y.T Y``, ``Omega.T Y`` and ``Omega.T Omega``
+    (each grown by a block column a round). A round's stopping test takes the smallest eigenvalue
+    only; the last round's eigenvectors give ``B``'s left singular vectors as ``B V Sigma^-1``,
+    one ``n x l`` GEMM, where the SVD of ``B`` cost several (5 s against 0.8 s at ``10,000 x 2,000``).
     Returns ``(NystromResult, columns)``.
     """
-    Omega = np.empty((n, max_rank), dtype, order="F")
+    drawn = max_rank <= n // DRAWN_MAX_FRACTION
+    Omega = None if drawn else np.empty((n, max_rank), dtype, order="F")
     Y = np.empty((n, max_rank), dtype, order="F")
     YtY = np.empty((max_rank, max_rank), dtype)
     cross = np.empty((max_rank, max_rank), dtype)  # Omega.T Y = Omega.T A Omega, symmetric
+    omega_gram = np.eye(max_rank, dtype=dtype)  # Omega.T Omega
+    blocks = []  # drawn: (first column, the block as an (l_i, n) matrix, sparse for a sparse sign)
     l, width = 0, min(start, max_rank)
     for child in seeds.spawn(64):
         S = make_sketch(sketch, n, width - l, seed=child, dtype=dtype)
-        G = _test_block(S, dtype)
-        AG = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ G)
-        Q, C, R = _orthonormalize_against(G, Omega[:, :l])
-        Omega[:, l:width] = Q
-        Y[:, l:width] = (AG - Y[:, :l] @ C) @ np.linalg.inv(R)  # NumPy's BLAS for n-sized work (_orth)
         new = slice(l, width)
+        if drawn:
+            block = sketch_matrix(S, dtype)
+            blocks.append((l, block))
+            Y[:, new] = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ _test_block(S, dtype))
+            for first, M in blocks:
+                rows = slice(first, first + M.shape[0])
+                cross[rows, new] = M @ Y[:, new]
+                omega_gram[rows, new] = _dense(M @ block.T)
+            omega_gram[new, :l] = omega_gram[:l, new].T
+        else:
+            G = _test_block(S, dtype)
+            AG = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ G)
+            Q, C, R = _orthonormalize_against(G, Omega[:, :l])
+            Omega[:, new] = Q
+            Y[:, new] = (AG - Y[:, :l] @ C) @ np.linalg.inv(R)  # NumPy's BLAS for n-sized work (_orth)
+            cross[:width, new] = Omega[:, :width].T @ Y[:, new]
         YtY[:width, new] = Y[:, :width].T @ Y[:, new]
-        YtY[new, :l] = YtY[:l, new].T
-        cross[:width, new] = Omega[:, :width].T @ Y[:, new]
         cross[new, :l] = cross[:l, new].T
+        YtY[new, :l] = YtY[:l, new].T
         l = width
         nu = math.sqrt(n) * np.finfo(dtype).eps * math.sqrt(max(float(np.trace(YtY[:l, :l])), 0.0))
-        C_nu = _stable_core(cross[:l, :l], nu)
-        gram = YtY[:l, :l] + nu * (cross[:l, :l] + cross[:l, :l].T) + nu**2 * np.eye(l, dtype=dtype)
+        C_nu = _stable_core(cross[:l, :l], omega_gram[:l, :l], nu)
+        gram = YtY[:l, :l] + nu * (cross[:l, :l] + cross[:l, :l].T) + nu**2 * omega_gram[:l, :l]
         half = scipy.linalg.solve_triangular(C_nu, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
-        sigma2, V = np.linalg.eigh(scipy.linalg.solve_triangular(C_nu, half.T, trans="T", check_finite=False))
-        if width >= max_rank or sigma2[0] - nu <= threshold:
+        BtB = scipy.linalg.solve_triangular(C_nu, half.T, trans="T", check_finite=False)
+        lowest = scipy.linalg.eigh(BtB, subset_by_index=[0, 0], eigvals_only=True, check_finite=False)[0]
+        if width >= max_rank or lowest - nu <= threshold:
             break
         width = min(2 * width, max_rank)
+    sigma2, V = np.linalg.eigh(BtB)
     sigma2, V = sigma2[::-1], V[:, ::-1]
     resolved = sigma2 > 2 * nu  # below, the eigenvalue is within rounding of the shift: zero
     lam = np.where(resolved, sigma2 - nu, 0.0).astype(dtype, copy=False)
     W = scipy.linalg.solve_triangular(C_nu, V, check_finite=False)  # C^-1 V
     W *= np.where(resolved, 1.0 / np.sqrt(np.where(resolved, sigma2, 1.0)), 0.0)
-    Y_nu = Y[:, :l]
-    Y_nu += nu * Omega[:, :l]  # in place: Y is not needed again (a temporary of n x l cost 0.15 s)
+    Y_nu = Y[:, :l]  # in place: Y is not needed again (a temporary of n x l cost 0.15 s)
+    if drawn:
+        for first, M in blocks:
+            _add_transpose(Y_nu[:, first : first + M.shape[0]], nu, M)
+    else:
+        Y_nu += nu * Omega[:, :l]
     U = Y_nu @ W  # B V Sigma^-1, a zero column where lambda is zero
     return NystromResult(U, lam, nu), l
 
@@ -316,19 +351,32 @@ def _orthonormalize_against(G, Omega):
     return np.asfortranarray(Q), C, R
 
 
-def _stable_core(cross, nu):
-    """The Cholesky factor ``C`` (upper) of ``Omega.T (Y + nu Omega) = Omega.T Y + nu I`` for
-    orthonormal ``Omega``, from ``cross = Omega.T Y``; Tropp et al. (2017)'s shift ``nu`` is
-    ``sqrt(n) eps ||Y||_F`` (Frobenius: an upper bound of the spectral norm, no SVD). Then
-    ``B = Y_nu C^-1`` has ``A_nys + nu I = B B.T`` on range(Omega)."""
-    core = (cross + cross.T) / 2 + nu * np.eye(cross.shape[0], dtype=cross.dtype)
+def _dense(M):
+    return M.toarray() if sp.issparse(M) else M
+
+
+def _add_transpose(out, scale, M):
+    """``out += scale * M.T`` for a dense or SciPy sparse ``M`` (its nonzeros only)."""
+    if not sp.issparse(M):
+        out += scale * M.T
+        return
+    T = M.tocoo()
+    np.add.at(out, (T.col, T.row), scale * T.data)
+
+
+def _stable_core(cross, omega_gram, nu):
+    """The Cholesky factor ``C`` (upper) of ``Omega.T (Y + nu Omega) = Omega.T Y + nu Omega.T Omega``,
+    from ``cross = Omega.T Y`` and ``omega_gram = Omega.T Omega``; Tropp et al. (2017)'s shift
+    ``nu`` is ``sqrt(n) eps ||Y||_F`` (Frobenius: an upper bound of the spectral norm, no SVD).
+    Then ``B B.T``, with ``B = Y_nu C^-1``, is the Nyström approximation of ``A + nu I``."""
+    core = (cross + cross.T) / 2 + nu * omega_gram
     try:
         return np.linalg.cholesky(core).T
     except np.linalg.LinAlgError:
-        w = scipy.linalg.eigvalsh(cross, check_finite=False)
+        w = scipy.linalg.eigvalsh(cross, omega_gram, check_finite=False)
         raise ValueError(
             f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} "
-            f"(largest {w[-1]:.3g}); nystrom_pcg needs a PSD matrix"
+            f"(largest {w[-1]:.3g}) relative to Omega.T Omega; nystrom_pcg needs a PSD matrix"
         ) from None
 
 

@@ -48,19 +48,23 @@ def test_sketch_equals_the_dense_product(kind, size, monkeypatch):
     np.testing.assert_allclose(Y, expected, rtol=0, atol=1e-12 * np.abs(expected).max() * 900)
 
 
-def test_nystrom_pcg_through_the_operator_is_the_dense_one():
+# test blocks orthonormalised, and used as drawn (at most p / 4 columns; with a larger mu, which
+# such a sketch can precondition)
+@pytest.mark.parametrize("max_rank, mu", [(1000, 1e-3), (100, 1.0)])
+def test_nystrom_pcg_through_the_operator_is_the_dense_one(max_rank, mu):
     # The same seed draws the same test blocks; the operator's sparse first pass changes rounding only.
     X, w, c = design(600, 400, seed=4)
     F = np.sqrt(w)[:, None] * (X - c)
     b = F.T @ np.random.default_rng(5).standard_normal(600)
-    fast = nystrom_pcg(GramOperator(X, center=c, sample_weight=w), b, 1e-3, sketch="sparse_sign", seed=0)
-    dense = nystrom_pcg(aslinearoperator(F.T @ F), b, 1e-3, sketch="sparse_sign", seed=0)
+    options = dict(sketch="sparse_sign", max_rank=max_rank, seed=0)
+    fast = nystrom_pcg(GramOperator(X, center=c, sample_weight=w), b, mu, **options)
+    dense = nystrom_pcg(aslinearoperator(F.T @ F), b, mu, **options)
     assert fast.preconditioner.U.shape == dense.preconditioner.U.shape
     # the eigenvalues come from an l x l eigenproblem formed from Y.T Y: accurate to rounding
     # relative to the largest (observed 3e-10 of it), not each to its own size
     lam = dense.preconditioner.eigenvalues
     np.testing.assert_allclose(fast.preconditioner.eigenvalues, lam, rtol=0, atol=1e-8 * lam[0])
-    x_star = np.linalg.solve(F.T @ F + 1e-3 * np.eye(400), b)
+    x_star = np.linalg.solve(F.T @ F + mu * np.eye(400), b)
     for res in (fast, dense):
         assert res.converged
         np.testing.assert_allclose(res.x, x_star, rtol=1e-8, atol=1e-8 * np.abs(x_star).max())

@@ -97,6 +97,29 @@ def test_adaptive_rank_stops_near_the_effective_dimension():
     assert res.preconditioner.U.shape[1] < len(lam) / 2 and res.iterations < 60 and res.converged
 
 
+@pytest.mark.parametrize("kind", ["sparse_sign", "gaussian"])
+def test_drawn_test_blocks_give_the_orthonormalised_approximation(kind, monkeypatch):
+    # At most n/4 columns the blocks are used as drawn; the Nystrom approximation depends on
+    # range(Omega) only, so forcing the orthonormalising path gives the same one to rounding.
+    from rsketch.linalg import _nystrom_pcg
+
+    A, lam = psd(n=400, seed=6, decay=0.93)
+    mu, b = 1e-3, np.random.default_rng(8).standard_normal(400)
+    drawn = nystrom_pcg(A, b, mu, max_rank=100, sketch=kind, tol=1e-13, seed=0)
+    monkeypatch.setattr(_nystrom_pcg, "DRAWN_MAX_FRACTION", 10**9)
+    orthonormal = nystrom_pcg(A, b, mu, max_rank=100, sketch=kind, tol=1e-13, seed=0)
+    assert drawn.preconditioner.U.shape == orthonormal.preconditioner.U.shape
+    lam_drawn, lam_orthonormal = drawn.preconditioner.eigenvalues, orthonormal.preconditioner.eigenvalues
+    np.testing.assert_allclose(lam_drawn, lam_orthonormal, rtol=0, atol=1e-10 * lam.max())
+    V = np.random.default_rng(9).standard_normal((400, 3))
+    P, Q = (nystrom_preconditioner(r.preconditioner, mu) @ V for r in (drawn, orthonormal))
+    np.testing.assert_allclose(P, Q, rtol=0, atol=1e-8 * np.abs(Q).max())
+    assert drawn.preconditioner.eigenvalues[-1] <= 10 * mu
+    # ||x - x*|| <= cond(A + mu I) ||r|| / ||b|| ||x*||, and cond = (lam_max + mu) / mu ~ 1000
+    x_star = np.linalg.solve(A + mu * np.eye(400), b)
+    assert drawn.converged and np.linalg.norm(drawn.x - x_star) <= 1e-9 * np.linalg.norm(x_star)
+
+
 def test_several_right_hand_sides_and_operator_input():
     A, _ = psd(n=200, seed=5)
     A = A + np.random.default_rng(9).standard_normal((200, 200)) * 1e-3
@@ -139,8 +162,9 @@ def random_fourier_features(n, p, d=5, bandwidth=2.0, seed=0):
 
 
 @pytest.mark.parametrize("fit_intercept", [True, False])
-def test_ridge_on_random_fourier_features_matches_sklearn(fit_intercept):
-    X, y = random_fourier_features(800, 2000)
+@pytest.mark.parametrize("n", [800, 400])  # the sketch's test blocks orthonormalised; as drawn (l <= p/4)
+def test_ridge_on_random_fourier_features_matches_sklearn(fit_intercept, n):
+    X, y = random_fourier_features(n, 2000)
     alpha = 1e-3
     ours = SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=0).fit(X, y)
     ref = Ridge(alpha=alpha, fit_intercept=fit_intercept, solver="cholesky").fit(X, y)

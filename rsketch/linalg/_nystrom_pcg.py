@@ -208,7 +208,14 @@ def nystrom_pcg(
         matvecs += approx.U.shape[1]
     else:
         approx, used = _adaptive_nystrom(
-            A, n, dtype, sketch, seeds, initial_rank, max_rank, target_ratio * mu,
+            A,
+            n,
+            dtype,
+            sketch,
+            seeds,
+            initial_rank,
+            max_rank,
+            target_ratio * mu,
             single_mu=None if sketch_dtype is None else mu,
         )
         matvecs += used

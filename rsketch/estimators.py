@@ -249,14 +249,10 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         gram = GramOperator(X, center=center, sample_weight=weights, check_finite=False)  # validated
         b = to_host(gram.transpose_weighted(y - like(y_mean, y)))
         # a sparse sign test matrix: for a NumPy X, F S.T from its pattern, so the sketch is one
-        # GEMM, not two; every other X gets the same matrix, dense, and so the same preconditioner.
-        # A float64 NumPy X's sketch is multiplied in float32 (the preconditioner's only; CG's
-        # products stay float64, so the coefficients are as accurate)
-        single = isinstance(X, np.ndarray) and X.dtype == np.float64
+        # GEMM, not two; every other X gets the same matrix, dense, and so the same preconditioner
         res = nystrom_pcg(
             gram, b, alpha, tol=NYSTROM_TOL, sketch="sparse_sign", initial_rank=NYSTROM_INITIAL_RANK,
-            max_rank=_nystrom_max_rank(X), sketch_dtype=np.float32 if single else None,
-            seed=self.random_state,
+            max_rank=_nystrom_max_rank(X), seed=self.random_state,
         )  # fmt: skip
         coef = res.x
         intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])

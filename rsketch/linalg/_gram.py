@@ -174,28 +174,15 @@ class GramOperator(LinearOperator):
             out = out - self._center_x[:, None] * xp.sum(T, axis=0)[None, :]
         return xp.reshape(out, (-1,)) if vector else out
 
-    def sketch(self, S: SketchOperator, *, dtype=None) -> np.ndarray:
+    def sketch(self, S: SketchOperator) -> np.ndarray:
         """``F.T F S.T`` for a sketch ``S`` of shape ``(l, p)``: ``(p, l)``, in ``X``'s dtype.
 
         For a :class:`~rsketch.SparseSign` (or CountSketch), ``F S.T`` comes from ``S``'s pattern
         (``O(s n p)``, rows in blocks), then one GEMM per chunk of rows; any other sketch is
         materialised as a dense ``p x l`` block and multiplied (two GEMMs).
-
-        Parameters
-        ----------
-        S : SketchOperator of input dimension ``p``
-        dtype : float32 or float64, optional
-            The precision of a sparse sign's products with a NumPy ``X`` (default ``X``'s):
-            ``float32`` converts ``X`` chunk by chunk (``SKETCH_CHUNK_BYTES`` at a time, no copy
-            of ``X``) and halves the GEMM's time, for a preconditioner's sketch; its entries are
-            then accurate to about ``eps(float32) ||F||^2 ||S||``. Other sketches and inputs:
-            ``X``'s dtype.
         """
         if not isinstance(S, SketchOperator) or S.input_dim != self.shape[0]:
             raise ValueError(f"S must be a SketchOperator with input_dim {self.shape[0]}, got {S!r}")
-        work = self.dtype if dtype is None else np.dtype(dtype)
-        if work not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {work}")
         if not isinstance(S, SparseSign) or not isinstance(self.X, np.ndarray):
             return self._matmat(np.asarray(S.to_dense().T, dtype=self.dtype))
         X = self.X
@@ -203,30 +190,28 @@ class GramOperator(LinearOperator):
         l = S.sketch_size
         if l < SPARSE_MIN_COLUMNS:
             return self._matmat(np.asarray(S.to_dense().T, dtype=self.dtype))
-        S_csc = sketch_matrix(S, work)
-        center = None if self.center is None else self.center.astype(work)
-        weight = None if self.sample_weight is None else self.sample_weight.astype(work)
-        shift = None if center is None else S_csc @ center
-        rows = SKETCH_CHUNK_BYTES // (l * work.itemsize)
-        if work != X.dtype:  # the chunk's converted copy is bounded too
-            rows = min(rows, SKETCH_CHUNK_BYTES // (p * work.itemsize))
-        chunk = max(SKETCH_BLOCK_ROWS, rows) // SKETCH_BLOCK_ROWS * SKETCH_BLOCK_ROWS
+        S_csc = sketch_matrix(S, self.dtype)
+        shift = None if self.center is None else S_csc @ self.center
+        chunk = (
+            max(SKETCH_BLOCK_ROWS, SKETCH_CHUNK_BYTES // (l * X.itemsize))
+            // SKETCH_BLOCK_ROWS
+            * SKETCH_BLOCK_ROWS
+        )
         out = np.zeros((l, p), dtype=self.dtype)  # (F.T F S.T).T, built as S F.T F
         for a in range(0, n, chunk):
             b = min(n, a + chunk)
-            X_chunk = X[a:b] if work == X.dtype else X[a:b].astype(work)
-            Zt = np.empty((l, b - a), dtype=work)  # (F_chunk S.T).T = S F_chunk.T
-            for c in range(0, b - a, SKETCH_BLOCK_ROWS):
-                d = min(b - a, c + SKETCH_BLOCK_ROWS)
+            Zt = np.empty((l, b - a), dtype=self.dtype)  # (F_chunk S.T).T = S F_chunk.T
+            for c in range(a, b, SKETCH_BLOCK_ROWS):
+                d = min(b, c + SKETCH_BLOCK_ROWS)
                 # a C-ordered copy of the block's transpose: the scatter kernel reads its rows whole
-                Zt[:, c:d] = _sparse_product(S_csc, np.ascontiguousarray(X_chunk[c:d].T))
+                Zt[:, c - a : d - a] = _sparse_product(S_csc, np.ascontiguousarray(X[c:d].T))
             if shift is not None:
                 Zt -= shift[:, None]
-            if weight is not None:
-                Zt *= weight[None, a:b]
-            out += Zt @ X_chunk
+            if self.sample_weight is not None:
+                Zt *= self.sample_weight[None, a:b]
+            out += Zt @ X[a:b]
             if shift is not None:
-                out -= np.outer(Zt.sum(axis=1), center)
+                out -= np.outer(Zt.sum(axis=1), self.center)
         return out.T
 
 

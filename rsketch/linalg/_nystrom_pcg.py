@@ -118,7 +118,6 @@ def nystrom_pcg(
     tol=1e-12,
     max_iter=None,
     callback=None,
-    sketch_dtype=None,
     seed=None,
 ):
     """Solve ``(A + mu I) x = b`` for a positive semi-definite ``A`` by Nyström-preconditioned CG.
@@ -152,12 +151,6 @@ def nystrom_pcg(
         Default ``n``. A ConvergenceWarning is issued when reached.
     callback : callable, optional
         ``callback(x)`` after every iteration (for ``b`` of one column).
-    sketch_dtype : float32, optional
-        For a float64 :class:`rsketch.linalg.GramOperator` and the adaptive rank: take the
-        sketch's products in float32 (half the GEMM's time). A preconditioner needs no more: its
-        eigenvalues are then accurate to about ``eps(float32) ||A Omega||_F``, and where that would
-        exceed ``mu / 8`` (judged after the first round) the sketch is taken in float64 after all.
-        CG's products stay in ``A``'s precision, so the solution's accuracy is the same.
     seed : None, int, SeedSequence or Generator
 
     Returns
@@ -194,11 +187,6 @@ def nystrom_pcg(
     max_iter = n if max_iter is None else check_int(max_iter, "max_iter", minimum=1)
     max_rank = min(check_int(max_rank, "max_rank", minimum=1), n)
     initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
-    if sketch_dtype is not None:
-        if np.dtype(sketch_dtype) != np.float32:
-            raise ValueError(f"sketch_dtype must be float32 or None, got {np.dtype(sketch_dtype)}")
-        if not isinstance(A, GramOperator) or rank is not None:
-            raise ValueError("sketch_dtype applies to a GramOperator A with the adaptive rank (rank=None)")
     check_seed(seed)
     seeds = seed_sequence(seed)
     matvecs = 0
@@ -208,15 +196,7 @@ def nystrom_pcg(
         matvecs += approx.U.shape[1]
     else:
         approx, used = _adaptive_nystrom(
-            A,
-            n,
-            dtype,
-            sketch,
-            seeds,
-            initial_rank,
-            max_rank,
-            target_ratio * mu,
-            single_mu=None if sketch_dtype is None else mu,
+            A, n, dtype, sketch, seeds, initial_rank, max_rank, target_ratio * mu
         )
         matvecs += used
     P_inv = nystrom_preconditioner(approx, mu)
@@ -246,7 +226,7 @@ def nystrom_pcg(
 DRAWN_MAX_FRACTION = 4
 
 
-def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold, single_mu=None):
+def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     """Nyström approximation whose sketch doubles until ``lambda_l <= threshold`` or ``max_rank``.
 
     Each round keeps the columns it has (``Y = A Omega`` filled from the left in a buffer of
@@ -268,27 +248,8 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold, si
     (each grown by a block column a round). A round's stopping test takes the smallest eigenvalue
     only; the last round's eigenvectors give ``B``'s left singular vectors as ``B V Sigma^-1``,
     one ``n x l`` GEMM, where the SVD of ``B`` cost several (5 s against 0.8 s at ``10,000 x 2,000``).
-
-    With ``single_mu`` (``mu``, for a float64 :class:`~rsketch.linalg.GramOperator`) the sketch's
-    products are taken in float32 (:meth:`~rsketch.linalg.GramOperator.sketch`, half the GEMM's
-    time): the shift is then ``eps(float32) ||A||_F`` (estimated as ``||Y||_F sqrt(n) /
-    ||Omega||_F``), above those products' error as the core sees it (at ``10,000 x 10,000``:
-    ``||E||_2 = 5e-6`` against a shift of ``5e-5``), in place of ``sqrt(n) eps ||Y||_F``. The
-    eigenvalues are accurate to about that shift, which a preconditioner for ``A + mu I`` can
-    afford while it stays below ``mu / 8``. Where it does not, or where the core's Cholesky fails,
-    the sketch starts again in float64 with the same test blocks.
     Returns ``(NystromResult, columns)``.
     """
-    children = seeds.spawn(64)
-    if single_mu is not None and dtype == np.float64:
-        result = _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, single_mu)
-        if result is not None:
-            return result
-    return _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, None)
-
-
-def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, single_mu):
-    """The rounds of :func:`_adaptive_nystrom`; None where float32 products would not do."""
     drawn = max_rank <= n // DRAWN_MAX_FRACTION
     Omega = None if drawn else np.empty((n, max_rank), dtype, order="F")
     Y = np.empty((n, max_rank), dtype, order="F")
@@ -297,17 +258,13 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, s
     omega_gram = np.eye(max_rank, dtype=dtype)  # Omega.T Omega
     blocks = []  # drawn: (first column, the block as an (l_i, n) matrix, sparse for a sparse sign)
     l, width = 0, min(start, max_rank)
-    gram_dtype = None if single_mu is None else np.float32  # the precision of a GramOperator's sketch
-    for child in children:
+    for child in seeds.spawn(64):
         S = make_sketch(sketch, n, width - l, seed=child, dtype=dtype)
         new = slice(l, width)
         if drawn:
             block = sketch_matrix(S, dtype)
             blocks.append((l, block))
-            if isinstance(A, GramOperator):
-                Y[:, new] = A.sketch(S, dtype=gram_dtype)
-            else:
-                Y[:, new] = np.asarray(A @ _test_block(S, dtype))
+            Y[:, new] = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ _test_block(S, dtype))
             for first, M in blocks:
                 rows = slice(first, first + M.shape[0])
                 cross[rows, new] = M @ Y[:, new]
@@ -315,7 +272,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, s
             omega_gram[new, :l] = omega_gram[:l, new].T
         else:
             G = _test_block(S, dtype)
-            AG = A.sketch(S, dtype=gram_dtype) if isinstance(A, GramOperator) else np.asarray(A @ G)
+            AG = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ G)
             Q, C, R = _orthonormalize_against(G, Omega[:, :l])
             Omega[:, new] = Q
             Y[:, new] = (AG - Y[:, :l] @ C) @ np.linalg.inv(R)  # NumPy's BLAS for n-sized work (_orth)
@@ -324,19 +281,8 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, s
         cross[new, :l] = cross[:l, new].T
         YtY[new, :l] = YtY[:l, new].T
         l = width
-        y_norm = math.sqrt(max(float(np.trace(YtY[:l, :l])), 0.0))  # ||Y||_F
-        if single_mu is None:
-            nu = math.sqrt(n) * np.finfo(dtype).eps * y_norm
-        else:  # eps(float32) ||A||_F, with ||A||_F ~ ||Y||_F sqrt(n) / ||Omega||_F (any scaling of Omega)
-            nu = np.finfo(np.float32).eps * y_norm * math.sqrt(n / float(np.trace(omega_gram[:l, :l])))
-            if nu > single_mu / 4:
-                return None
-        try:
-            C_nu = _stable_core(cross[:l, :l], omega_gram[:l, :l], nu)
-        except ValueError:
-            if single_mu is None:
-                raise
-            return None  # float32's error may be what broke the core: the float64 sketch decides
+        nu = math.sqrt(n) * np.finfo(dtype).eps * math.sqrt(max(float(np.trace(YtY[:l, :l])), 0.0))
+        C_nu = _stable_core(cross[:l, :l], omega_gram[:l, :l], nu)
         gram = YtY[:l, :l] + nu * (cross[:l, :l] + cross[:l, :l].T) + nu**2 * omega_gram[:l, :l]
         half = scipy.linalg.solve_triangular(C_nu, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
         BtB = scipy.linalg.solve_triangular(C_nu, half.T, trans="T", check_finite=False)

@@ -8,7 +8,7 @@ from scipy.sparse.linalg import aslinearoperator
 from sklearn.linear_model import Ridge
 
 from rsketch import SketchedRidge, make_sketch
-from rsketch.linalg import ConvergenceWarning, GramOperator, _gram, nystrom_pcg
+from rsketch.linalg import GramOperator, _gram, nystrom_pcg
 
 
 def design(n, p, seed=0):
@@ -48,27 +48,6 @@ def test_sketch_equals_the_dense_product(kind, size, monkeypatch):
     np.testing.assert_allclose(Y, expected, rtol=0, atol=1e-12 * np.abs(expected).max() * 900)
 
 
-@pytest.mark.parametrize("weighted", [False, True])
-def test_single_precision_sketch_is_within_the_float32_product_bound(weighted, monkeypatch):
-    # dtype=float32 converts X chunk by chunk and multiplies in float32: every entry within the
-    # classical bound of a float32 product of F's rounded entries (|F| <= |X| + |c|, n terms), and
-    # not the float64 sketch (the single-precision path ran)
-    X, w, c = design(900, 250, seed=2)
-    w = w if weighted else None
-    monkeypatch.setattr(_gram, "SKETCH_CHUNK_BYTES", 300 * 250 * 4)  # several chunks, a short last one
-    S = make_sketch("sparse_sign", 250, 40, seed=3)
-    G = GramOperator(X, center=c, sample_weight=w)
-    single, double = G.sketch(S, dtype=np.float32), G.sketch(S)
-    assert single.dtype == np.float64
-    root_w = 1.0 if w is None else np.sqrt(w)[:, None]
-    bound_F = root_w * (np.abs(X) + np.abs(c))
-    bound = 3 * X.shape[0] * np.finfo(np.float32).eps * (bound_F.T @ (bound_F @ np.abs(S.to_dense().T)))
-    assert np.all(np.abs(single - double) <= bound)
-    assert np.abs(single - double).max() > 1e-10 * np.abs(double).max()
-    with pytest.raises(ValueError, match="dtype must be"):
-        G.sketch(S, dtype=np.float16)
-
-
 # test blocks orthonormalised, and used as drawn (at most p / 4 columns; with a larger mu, which
 # such a sketch can precondition)
 @pytest.mark.parametrize("max_rank, mu", [(1000, 1e-3), (100, 1.0)])
@@ -89,49 +68,6 @@ def test_nystrom_pcg_through_the_operator_is_the_dense_one(max_rank, mu):
     for res in (fast, dense):
         assert res.converged
         np.testing.assert_allclose(res.x, x_star, rtol=1e-8, atol=1e-8 * np.abs(x_star).max())
-
-
-@pytest.mark.parametrize("max_rank, mu", [(1000, 1e-2), (100, 1.0)])
-def test_float32_sketch_preconditions_as_well_and_solves_as_accurately(max_rank, mu):
-    # sketch_dtype=float32: the preconditioner's eigenvalues within the float32 products' error of
-    # the float64 sketch's: twice the shift eps32 ||A||_F (which stays below mu / 4) plus the products'
-    # relative error (2e-7 a column here) through the l x l core, 2e-5 of the largest (observed 5e-6);
-    # CG's products in float64: the same accuracy
-    X, w, c = design(600, 400, seed=4)
-    F = np.sqrt(w)[:, None] * (X - c)
-    b = F.T @ np.random.default_rng(5).standard_normal(600)
-    G = GramOperator(X, center=c, sample_weight=w)
-    options = dict(sketch="sparse_sign", max_rank=max_rank, tol=1e-13, seed=0)
-    single = nystrom_pcg(G, b, mu, sketch_dtype=np.float32, **options)
-    double = nystrom_pcg(G, b, mu, **options)
-    nu = single.preconditioner.shift
-    assert np.finfo(np.float32).eps * np.linalg.norm(F.T @ F) / 2 < nu <= mu / 4
-    lam, lam_double = single.preconditioner.eigenvalues, double.preconditioner.eigenvalues
-    assert lam.shape == lam_double.shape and not np.array_equal(lam, lam_double)
-    assert np.all(np.abs(lam - lam_double) <= 2 * nu + 2e-5 * lam_double[0])
-    assert single.converged and single.iterations <= double.iterations + 2
-    x_star = np.linalg.solve(F.T @ F + mu * np.eye(400), b)
-    np.testing.assert_allclose(single.x, x_star, rtol=1e-8, atol=1e-8 * np.abs(x_star).max())
-
-
-def test_float32_sketch_falls_back_to_float64_where_mu_is_below_its_error():
-    # mu = 1e-6 < 4 eps32 ||A||_F: the float64 sketch, from the same test blocks, bit for bit
-    X, w, c = design(600, 400, seed=4)
-    b = np.random.default_rng(5).standard_normal(400)
-    G = GramOperator(X, center=c, sample_weight=w)
-    options = dict(sketch="sparse_sign", max_rank=100, max_iter=5, seed=0)
-    with pytest.warns(ConvergenceWarning):
-        single = nystrom_pcg(G, b, 1e-6, sketch_dtype=np.float32, **options)
-    with pytest.warns(ConvergenceWarning):
-        double = nystrom_pcg(G, b, 1e-6, **options)
-    np.testing.assert_array_equal(single.preconditioner.eigenvalues, double.preconditioner.eigenvalues)
-    np.testing.assert_array_equal(single.x, double.x)
-    with pytest.raises(ValueError, match="sketch_dtype must be"):
-        nystrom_pcg(G, b, 1.0, sketch_dtype=np.float64)
-    with pytest.raises(ValueError, match="applies to a GramOperator"):
-        nystrom_pcg(aslinearoperator(np.eye(400)), b, 1.0, sketch_dtype=np.float32)
-    with pytest.raises(ValueError, match="applies to a GramOperator"):
-        nystrom_pcg(G, b, 1.0, rank=10, sketch_dtype=np.float32)
 
 
 def test_wide_dense_weighted_multi_target_ridge_matches_sklearn():

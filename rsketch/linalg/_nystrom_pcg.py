@@ -224,6 +224,10 @@ def nystrom_pcg(
 #: A squarer block is not: at ``l = n = 400`` the drawn sparse sign left eigenvalues accurate to
 #: ``1e-7`` of the largest where orthonormal columns gave ``3e-10``, and CG needed 7 iterations for 3.
 DRAWN_MAX_FRACTION = 4
+#: ... and while ``cond(Omega) <= DRAWN_MAX_COND`` (estimated from the Cholesky factor of
+#: ``Omega.T Omega``): a block with an empty column (a CountSketch's bucket that no row hashed to)
+#: or a repeated one is orthonormalised instead, from the same test blocks.
+DRAWN_MAX_COND = 100.0
 
 
 def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
@@ -234,7 +238,8 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     a :class:`~rsketch.linalg.GramOperator` and a sparse sign sketch, in ``O(s n p)`` before the
     one GEMM), ``A`` is applied to ``l`` columns in all (not ``2 l``).
 
-    - With ``max_rank <= n / DRAWN_MAX_FRACTION`` the blocks are used as drawn: a sparse sign's
+    - With ``max_rank <= n / DRAWN_MAX_FRACTION`` and ``cond(Omega) <= DRAWN_MAX_COND`` the
+      blocks are used as drawn (else the rounds start again, orthonormalised): a sparse sign's
       stay sparse, so ``Omega.T Y`` and ``Omega.T Omega`` cost ``O(s n l)``, and ``Omega`` is
       never a dense ``n x l`` array. Orthonormalising each block against the ones before (with
       its dense copy and the products' update) cost 2.0 s of the 9.0 s of a 1,600-column
@@ -250,7 +255,16 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     one ``n x l`` GEMM, where the SVD of ``B`` cost several (5 s against 0.8 s at ``10,000 x 2,000``).
     Returns ``(NystromResult, columns)``.
     """
-    drawn = max_rank <= n // DRAWN_MAX_FRACTION
+    children = seeds.spawn(64)
+    if max_rank <= n // DRAWN_MAX_FRACTION:
+        result = _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, drawn=True)
+        if result is not None:
+            return result
+    return _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, drawn=False)
+
+
+def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *, drawn):
+    """The rounds of :func:`_adaptive_nystrom`; None where the drawn blocks are ill-conditioned."""
     Omega = None if drawn else np.empty((n, max_rank), dtype, order="F")
     Y = np.empty((n, max_rank), dtype, order="F")
     YtY = np.empty((max_rank, max_rank), dtype)
@@ -258,7 +272,7 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     omega_gram = np.eye(max_rank, dtype=dtype)  # Omega.T Omega
     blocks = []  # drawn: (first column, the block as an (l_i, n) matrix, sparse for a sparse sign)
     l, width = 0, min(start, max_rank)
-    for child in seeds.spawn(64):
+    for child in children:
         S = make_sketch(sketch, n, width - l, seed=child, dtype=dtype)
         new = slice(l, width)
         if drawn:
@@ -270,10 +284,18 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
                 cross[rows, new] = M @ Y[:, new]
                 omega_gram[rows, new] = _dense(M @ block.T)
             omega_gram[new, :l] = omega_gram[:l, new].T
+            if not _well_conditioned(omega_gram[:width, :width]):
+                return None
         else:
             G = _test_block(S, dtype)
             AG = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ G)
             Q, C, R = _orthonormalize_against(G, Omega[:, :l])
+            if not np.abs(np.diag(R)).min() > n * np.finfo(dtype).eps * np.abs(np.diag(R)).max():
+                raise ValueError(
+                    f"the {sketch!r} test matrix has linearly dependent columns (a sampling sketch "
+                    "draws a column twice, a CountSketch can leave one empty): use sketch='sparse_sign' "
+                    "or 'gaussian'"
+                )
             Omega[:, new] = Q
             Y[:, new] = (AG - Y[:, :l] @ C) @ np.linalg.inv(R)  # NumPy's BLAS for n-sized work (_orth)
             cross[:width, new] = Omega[:, :width].T @ Y[:, new]
@@ -349,6 +371,17 @@ def _orthonormalize_against(G, Omega):
         return np.asfortranarray(Q), C, R
     Q, R = scipy.linalg.qr(G, mode="economic", check_finite=False)
     return np.asfortranarray(Q), C, R
+
+
+def _well_conditioned(omega_gram):
+    """Whether ``cond(Omega) <= DRAWN_MAX_COND``, from the Cholesky factor of ``Omega.T Omega``
+    (LAPACK's estimate of its condition number, ``O(l^2)`` after the factorization)."""
+    try:
+        L = np.linalg.cholesky(omega_gram)
+    except np.linalg.LinAlgError:
+        return False
+    rcond, info = scipy.linalg.lapack.dtrcon(np.asfortranarray(L, dtype=np.float64), norm="1", uplo="L")
+    return info == 0 and rcond * DRAWN_MAX_COND >= 1.0
 
 
 def _dense(M):

@@ -14,6 +14,7 @@ from scipy.sparse.linalg import aslinearoperator
 from sklearn.linear_model import Ridge
 
 from rsketch import SketchedRidge
+from rsketch._validation import seed_sequence
 from rsketch.linalg import ConvergenceWarning, nystrom, nystrom_pcg, nystrom_preconditioner
 
 
@@ -118,6 +119,38 @@ def test_drawn_test_blocks_give_the_orthonormalised_approximation(kind, monkeypa
     # ||x - x*|| <= cond(A + mu I) ||r|| / ||b|| ||x*||, and cond = (lam_max + mu) / mu ~ 1000
     x_star = np.linalg.solve(A + mu * np.eye(400), b)
     assert drawn.converged and np.linalg.norm(drawn.x - x_star) <= 1e-9 * np.linalg.norm(x_star)
+
+
+def test_an_ill_conditioned_drawn_block_is_orthonormalised_instead(monkeypatch):
+    # DRAWN_MAX_COND = 1 finds every drawn block ill-conditioned: the rounds start again
+    # orthonormalised, from the same test blocks, and give that path's result bit for bit
+    from rsketch.linalg import _nystrom_pcg
+
+    A, _ = psd(n=400, seed=6, decay=0.93)
+    b = np.random.default_rng(3).standard_normal(400)
+    options = dict(max_rank=100, sketch="sparse_sign", seed=0)
+    monkeypatch.setattr(_nystrom_pcg, "DRAWN_MAX_COND", 1.0)
+    restarted = nystrom_pcg(A, b, 1e-3, **options)
+    monkeypatch.setattr(_nystrom_pcg, "DRAWN_MAX_FRACTION", 10**9)
+    orthonormal = nystrom_pcg(A, b, 1e-3, **options)
+    np.testing.assert_array_equal(restarted.preconditioner.U, orthonormal.preconditioner.U)
+    np.testing.assert_array_equal(restarted.x, orthonormal.x)
+
+
+def test_a_test_block_with_dependent_columns_is_refused_clearly():
+    # seed 0's first CountSketch block of 10 columns leaves a bucket of the 40 rows empty: not
+    # well-conditioned as drawn, and orthonormalised it has a zero column; uniform sampling draws a
+    # column twice. Either is a clear error, not a singular solve.
+    from rsketch.linalg._gram import sketch_matrix
+    from rsketch.linalg._nystrom_pcg import _well_conditioned
+    from rsketch.operators import make_sketch
+
+    M = sketch_matrix(make_sketch("countsketch", 40, 10, seed=seed_sequence(0).spawn(64)[0]), np.float64)
+    assert (abs(M).sum(axis=1) == 0).any() and not _well_conditioned((M @ M.T).toarray())
+    A, _ = psd(n=40, seed=2, decay=0.7)
+    for kind in ("countsketch", "uniform"):
+        with pytest.raises(ValueError, match="linearly dependent columns"):
+            nystrom_pcg(A, np.ones(40), 1e-3, initial_rank=10, max_rank=10, sketch=kind, seed=0)
 
 
 def test_several_right_hand_sides_and_operator_input():

@@ -122,14 +122,14 @@ def test_drawn_test_blocks_give_the_orthonormalised_approximation(kind, monkeypa
 
 
 def test_an_ill_conditioned_drawn_block_is_orthonormalised_instead(monkeypatch):
-    # DRAWN_MAX_COND = 1 finds every drawn block ill-conditioned: the rounds start again
+    # DRAWN_MIN_DISTANCE = 1 finds every drawn block ill-conditioned: the rounds start again
     # orthonormalised, from the same test blocks, and give that path's result bit for bit
     from rsketch.linalg import _nystrom_pcg
 
     A, _ = psd(n=400, seed=6, decay=0.93)
     b = np.random.default_rng(3).standard_normal(400)
     options = dict(max_rank=100, sketch="sparse_sign", seed=0)
-    monkeypatch.setattr(_nystrom_pcg, "DRAWN_MAX_COND", 1.0)
+    monkeypatch.setattr(_nystrom_pcg, "DRAWN_MIN_DISTANCE", 1.0)
     restarted = nystrom_pcg(A, b, 1e-3, **options)
     monkeypatch.setattr(_nystrom_pcg, "DRAWN_MAX_FRACTION", 10**9)
     orthonormal = nystrom_pcg(A, b, 1e-3, **options)

@@ -137,6 +137,35 @@ def test_an_ill_conditioned_drawn_block_is_orthonormalised_instead(monkeypatch):
     np.testing.assert_array_equal(restarted.x, orthonormal.x)
 
 
+def test_a_wide_ridge_keeps_its_drawn_blocks(monkeypatch):
+    # a sparse sign of up to p / 4 columns is well conditioned as drawn: no restart (a 1-norm
+    # condition estimate once sent such a sketch down the orthonormalising path after its rounds)
+    from rsketch.linalg import _nystrom_pcg
+
+    calls = []
+    rounds = _nystrom_pcg._nystrom_rounds
+
+    def spy(*args, drawn):
+        result = rounds(*args, drawn=drawn)
+        calls.append((drawn, result is not None))
+        return result
+
+    monkeypatch.setattr(_nystrom_pcg, "_nystrom_rounds", spy)
+    X, y = random_fourier_features(500, 2000)
+    SketchedRidge(alpha=1e-3, random_state=0).fit(X, y)
+    assert calls == [(True, True)]
+    # the benchmark's blocks: 200, 200, 400 and 800 columns at p = 10,000, cond(Omega) 3.7
+    from rsketch.linalg._gram import sketch_matrix
+    from rsketch.operators import make_sketch
+
+    children = seed_sequence(0).spawn(4)
+    M = sp.vstack([sketch_matrix(make_sketch("sparse_sign", 10_000, w, seed=c), np.float64)
+                   for w, c in zip((200, 200, 400, 800), children, strict=True)])  # fmt: skip
+    gram = (M @ M.T).toarray()
+    ev = np.linalg.eigvalsh(gram)
+    assert math.sqrt(ev[-1] / ev[0]) < 5 and _nystrom_pcg._well_conditioned(gram)
+
+
 def test_a_test_block_with_dependent_columns_is_refused_clearly():
     # seed 0's first CountSketch block of 10 columns leaves a bucket of the 40 rows empty: not
     # well-conditioned as drawn, and orthonormalised it has a zero column; uniform sampling draws a

@@ -226,7 +226,7 @@ def nystrom_pcg(
 DRAWN_MAX_FRACTION = 4
 #: ... and while every column of ``Omega`` is at least ``DRAWN_MIN_DISTANCE`` of its norm away from
 #: the span of the columns before it (the diagonal of the Cholesky factor of ``Omega.T Omega``, its
-#: columns scaled to norm one; ``1 - l/n`` and more for a random block): one with an empty column (a
+#: columns scaled to norm one; about ``sqrt(1 - l/n)`` for a random block): one with an empty column (a
 #: CountSketch's bucket that no row hashed to) or a repeated one is orthonormalised instead. A
 #: condition number's 1-norm estimate will not do: at ``p = 10,000`` and 1,600 columns it was 132
 #: where ``cond(Omega)`` was 3.7 and every column stood at least 0.91 of its norm apart.
@@ -243,11 +243,11 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
 
     - With ``max_rank <= n / DRAWN_MAX_FRACTION``, while no column of ``Omega`` is within
       ``DRAWN_MIN_DISTANCE`` of the span of those before it, the blocks are used as drawn (else the
-      rounds start again, orthonormalised): a sparse sign's
-      stay sparse, so ``Omega.T Y`` and ``Omega.T Omega`` cost ``O(s n l)``, and ``Omega`` is
-      never a dense ``n x l`` array. Orthonormalising each block against the ones before (with
-      its dense copy and the products' update) cost 2.0 s of the 9.0 s of a 1,600-column
-      sketch at ``p = 10,000``, and a full eigendecomposition each round 0.9 s (docs/lowrank.md).
+      rounds start again, orthonormalised): a sparse sign's blocks stay sparse, so ``Omega.T Y``
+      and ``Omega.T Omega`` cost ``O(s n l)``, and ``Omega`` is never a dense ``n x l`` array.
+      Orthonormalising each block against the ones before (with its dense copy and the products'
+      update) cost 2.0 s of the 9.0 s of a 1,600-column sketch at ``p = 10,000``, and a full
+      eigendecomposition each round 0.9 s (docs/lowrank.md).
     - Otherwise ``G = Omega C + Q R`` (``Omega``'s part projected out, then QR) gives orthonormal
       columns ``Q`` and their products ``A Q = (A G - Y C) R^-1`` (then ``Omega.T Omega = I``).
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.sparse as sp
 
 from rsketch._validation import check_finite
 from rsketch.kernels import cpu
@@ -105,17 +104,11 @@ def row_offsets(chunks) -> list[tuple[int, int]]:
 # ------------------------------------------------------------------------------------------ per chunk
 def _sparse_sign_chunk(S, a, block):
     m, k = block.shape
-    r, s = S.sketch_size, S.nnz_per_column
-    out = np.zeros((r, k))
+    out = np.zeros((S.sketch_size, k))
     for lo in range(0, m, _SPARSE_ROWS):
         hi = min(m, lo + _SPARSE_ROWS)
-        rows, signs = S.pattern(a + lo, a + hi)
-        # Row j of this (hi - lo) x r matrix is column a + lo + j of S: its transpose scatters A's rows.
-        St = sp.csr_matrix(
-            (signs.reshape(-1) * S._scale, rows.reshape(-1), np.arange(0, (hi - lo) * s + 1, s)),
-            shape=(hi - lo, r),
-        )
-        out += St.T @ block[lo:hi]
+        # S's columns a + lo .. a + hi as a sparse matrix: it scatters A's rows into the sketch
+        out += S.sparse_columns(a + lo, a + hi) @ block[lo:hi]
     return out
 
 

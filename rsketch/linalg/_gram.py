@@ -216,15 +216,12 @@ class GramOperator(LinearOperator):
 
 
 def sketch_matrix(S: SketchOperator, dtype):
-    """``S`` as a matrix of shape ``(sketch_size, input_dim)`` in ``dtype``: a SciPy CSC matrix built
-    from a :class:`~rsketch.SparseSign`'s (or CountSketch's) pattern, ``O(s n)`` memory; the dense
-    form for any other sketch. Either way the entries are ``S.to_dense()``'s, bit for bit."""
+    """``S`` as a matrix of shape ``(sketch_size, input_dim)`` in ``dtype``: a SciPy CSC matrix for a
+    :class:`~rsketch.SparseSign` (or CountSketch, :meth:`~rsketch.SparseSign.sparse_columns`, ``O(s n)``
+    memory), the dense form for any other sketch. Either way the entries are ``S.to_dense()``'s."""
     if not isinstance(S, SparseSign):
         return np.asarray(S.to_dense(), dtype=dtype)
-    rows, signs = S.pattern()
-    s = rows.shape[1]
-    data = (signs * S._scale).astype(dtype).ravel()
-    return sp.csc_matrix((data, rows.ravel(), np.arange(0, S.input_dim * s + 1, s)), shape=S.shape)
+    return S.sparse_columns(dtype=dtype)
 
 
 def _host_dtype(X):

@@ -276,13 +276,16 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
     omega_gram = np.eye(max_rank, dtype=dtype)  # Omega.T Omega
     blocks = []  # drawn: (first column, the block as an (l_i, n) matrix, sparse for a sparse sign)
     l, width = 0, min(start, max_rank)
+    applies_sketch = isinstance(A, GramOperator)  # S applied by A itself (a sparse sign from its pattern)
     for child in children:
         S = make_sketch(sketch, n, width - l, seed=child, dtype=dtype)
         new = slice(l, width)
+        G = None if drawn and applies_sketch else _test_block(S, dtype)
+        AG = A.sketch(S) if applies_sketch else np.asarray(A @ G)
         if drawn:
             block = sketch_matrix(S, dtype)
             blocks.append((l, block))
-            Y[:, new] = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ _test_block(S, dtype))
+            Y[:, new] = AG
             for first, M in blocks:
                 rows = slice(first, first + M.shape[0])
                 cross[rows, new] = M @ Y[:, new]
@@ -291,8 +294,6 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
             if not _well_conditioned(omega_gram[:width, :width]):
                 return None
         else:
-            G = _test_block(S, dtype)
-            AG = A.sketch(S) if isinstance(A, GramOperator) else np.asarray(A @ G)
             Q, C, R = _orthonormalize_against(G, Omega[:, :l])
             if not np.abs(np.diag(R)).min() > n * np.finfo(dtype).eps * np.abs(np.diag(R)).max():
                 raise ValueError(

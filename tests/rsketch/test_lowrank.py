@@ -200,19 +200,44 @@ def test_cqrrpt_is_a_stable_rank_revealing_qr_with_householders_r():
 
 
 @pytest.mark.parametrize("max_cond", [0.0, np.inf])
-def test_cqrrpt_q_is_as_accurate_through_the_inverse_as_through_the_solve(monkeypatch, max_cond):
-    # Q = A_pre R_pre^-1 goes through the explicit inverse while cond(R_pre) is small, else through
-    # trsm; both branches, with a sketch of n rows (a poor embedding: cond(R_pre) well above one)
+def test_cqrrpt_is_as_accurate_through_the_inverses_as_through_the_solves(monkeypatch, max_cond):
+    # Both triangular solves (R_sk's and R_pre's) go through the explicit inverse while the
+    # row-equilibrated triangle is well conditioned, else through trsm; both branches, on a graded
+    # and on a rotated spectrum, with sketches of n rows (a poor embedding: cond(R_pre) well above one)
     from rsketch.linalg import _cqrrpt
 
-    monkeypatch.setattr(_cqrrpt, "PRECONDITIONED_MAX_COND", max_cond)
+    monkeypatch.setattr(_cqrrpt, "INVERSE_MAX_COND", max_cond)
     rng = np.random.default_rng(11)
-    A = rng.standard_normal((5000, 50)) * np.logspace(0, -8, 50)
-    for size in (50, 100):
-        res = qr_pivoted(A, sketch="countsketch", sketch_size=size, seed=0)
-        assert res.rank == 50
-        assert np.linalg.norm(A[:, res.perm] - res.Q @ res.R) <= 10 * 2.2e-16 * np.linalg.norm(A)
-        assert np.linalg.norm(res.Q.T @ res.Q - np.eye(50), 2) <= 1e-12
+    U, _ = np.linalg.qr(rng.standard_normal((5000, 50)))
+    V, _ = np.linalg.qr(rng.standard_normal((50, 50)))
+    graded = rng.standard_normal((5000, 50)) * np.logspace(0, -8, 50)
+    rotated = (U * np.logspace(0, -8, 50)) @ V.T
+    for A in (graded, rotated):
+        for size in (50, 100):
+            res = qr_pivoted(A, sketch="countsketch", sketch_size=size, seed=0)
+            assert res.rank == 50
+            assert np.linalg.norm(A[:, res.perm] - res.Q @ res.R) <= 10 * 2.2e-16 * np.linalg.norm(A)
+            assert np.linalg.norm(res.Q.T @ res.Q - np.eye(50), 2) <= 1e-12
+
+
+def test_cqrrpt_takes_the_inverse_by_the_equilibrated_triangles_condition():
+    from rsketch.linalg._cqrrpt import INVERSE_MAX_COND, _solve_right_upper
+
+    rng = np.random.default_rng(12)
+    A = rng.standard_normal((300, 40))
+    R_graded = np.diag(np.logspace(0, -9, 40)) @ (np.eye(40) + np.triu(rng.uniform(-0.1, 0.1, (40, 40)), 1))
+    V = np.linalg.qr(rng.standard_normal((40, 40)))[0]
+    R_rotated = np.linalg.qr((rng.standard_normal((80, 40)) * np.logspace(0, -9, 40)) @ V.T)[1]
+    trsm = scipy.linalg.blas.get_blas_funcs("trsm", (A,))
+    for R, inverse in ((R_graded, True), (R_rotated, False)):
+        R_hat = R / np.diag(R)[:, None]
+        assert (np.linalg.cond(R_hat) <= INVERSE_MAX_COND) == inverse
+        X = _solve_right_upper(R, np.array(A.T, order="F")).T
+        X_trsm = trsm(1.0, R, np.array(A.T, order="F"), side=0, lower=0, trans_a=1).T
+        if inverse:  # rounding of the order of u cond(R_hat), not u cond(R) (1e9 here)
+            assert np.linalg.norm(X @ R - A) <= 50 * 2.2e-16 * np.linalg.norm(A)
+        else:
+            assert np.array_equal(X, X_trsm)
 
 
 def test_cqrrpt_detects_the_numerical_rank_and_pivots_like_qrcp():

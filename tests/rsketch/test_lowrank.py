@@ -240,6 +240,16 @@ def test_cqrrpt_takes_the_inverse_by_the_equilibrated_triangles_condition():
             assert np.array_equal(X, X_trsm)
 
 
+def test_cqrrpt_keeps_float32_to_its_rounding():
+    rng = np.random.default_rng(13)
+    A = (rng.standard_normal((4000, 30)) * np.logspace(0, -3, 30)).astype(np.float32)
+    res = qr_pivoted(A, seed=0)
+    assert res.Q.dtype == res.R.dtype == np.float32 and res.rank == 30
+    u = np.finfo(np.float32).eps
+    assert np.linalg.norm(A[:, res.perm] - res.Q @ res.R) <= 10 * u * np.linalg.norm(A)
+    assert np.linalg.norm(res.Q.T @ res.Q - np.eye(30), 2) <= 100 * u
+
+
 def test_cqrrpt_detects_the_numerical_rank_and_pivots_like_qrcp():
     rng = np.random.default_rng(11)
     A = rng.standard_normal((3000, 7)) @ rng.standard_normal((7, 40))

@@ -174,6 +174,29 @@ def test_same_seed_same_result_and_progress_bar(capsys):
     assert "PE: mean" in str(a) and a.n_sketches == 5
 
 
+@pytest.mark.parametrize("kind", ["countsketch", "uniform", "gaussian"])
+def test_draws_in_phase_blocks_equal_draws_one_by_one(monkeypatch, kind):
+    # Closed-form draws run in phases (all products, all SVDs, all adjoints) over blocks of draws;
+    # blocks of 1, of 3 (the last one short) and one block give the same numbers, rank-deficient
+    # draws included (uniform sampling that misses the one row carrying a direction).
+    from rsketch.stats import _efficiency
+
+    X, y = _problem(120, 6, 8)
+    X[:, -1] = 0.0
+    X[17, -1] = 1.0
+    runs = []
+    for block_bytes, block in ((1, 1), (8 * 30 * 13 * 3, 3), (2**30, 10)):
+        monkeypatch.setattr(_efficiency, "_PHASE_BYTES", block_bytes)
+        assert min(_efficiency.phase_block(30, 6), 10) == block  # r = 30, p = 6: 8 r (2 p + 1) bytes a draw
+        runs.append(rsketch.efficiency(X, sketch=kind, sketch_size=30, y=y, n_sketches=10, seed=5))
+    if kind == "uniform":
+        assert 0 < runs[0].n_rank_deficient < 10
+    for other in runs[1:]:
+        np.testing.assert_array_equal(other.pe_draws, runs[0].pe_draws)
+        np.testing.assert_array_equal(other.wc_draws, runs[0].wc_draws)
+        np.testing.assert_array_equal(other.rank_deficient, runs[0].rank_deficient)
+
+
 def test_leverage_sampling_beats_uniform_on_heavy_tailed_design():
     """On t_1 rows (a few rows carry most of the leverage) uniform sampling loses them; leverage does not."""
     X = make_design("t1", 1000, 10, seed=0)

@@ -1,12 +1,11 @@
-"""Thread control for the engine: BLAS on one thread, numba's threads on the cores left free.
+"""Thread control for the engine: numba's threads on the cores left free; BLAS as the process set it.
 
-Decode steps are matrix-vector products (memory-bound) and prefill matrices are small; on the
-2 shared cores this project targets, OpenBLAS's threads spin-wait, and they collapse as soon as
-another process (or numba's own threads) competes for a core (figures: ``docs/decoding.md``,
-"Measurements"). The engine therefore runs BLAS single-threaded unless ``DECODING_BLAS_THREADS``
-says otherwise. numba's OpenMP threads spin-wait as well, so the decoding loops run them through a
-:class:`ThreadPolicy`: as many threads as there are cores the other processes leave free
-(``DECODING_THREADS`` fixes the count; ``docs/decoding.md``, "Threading").
+numba's OpenMP threads spin-wait at the end of every parallel region, so the decoding loops run
+them through a :class:`ThreadPolicy`: as many threads as there are cores the other processes leave
+free (``DECODING_THREADS`` fixes the count; ``docs/decoding.md``, "Threading"). The engine's
+products are numba kernels on every path (quantized, float32, float64), so BLAS is left alone: its
+thread count is one per process, and limiting it would change it for every other thread too.
+``DECODING_BLAS_THREADS=N`` limits it while the engine runs, process-wide, for a user who asks.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ _controller = None
 
 
 def default_threads() -> int | None:
-    """``DECODING_BLAS_THREADS`` (an integer, or ``"default"`` to leave BLAS alone); 1 when unset."""
-    v = os.environ.get("DECODING_BLAS_THREADS", "1").strip().lower()
+    """``DECODING_BLAS_THREADS`` (an integer; ``"default"`` or unset: None, BLAS left alone)."""
+    v = os.environ.get("DECODING_BLAS_THREADS", "default").strip().lower()
     if v in ("", "default", "none"):
         return None
     n = int(v)

@@ -189,10 +189,11 @@ def generate(
 
     Notes
     -----
-    Threads: BLAS runs on one thread (``DECODING_BLAS_THREADS``), numba's kernels on as many as
-    there are cores the other processes leave free, re-chosen at most every 0.25 s
-    (:class:`decoding._threads.ThreadPolicy`; ``DECODING_THREADS=N`` fixes the count). Only the
-    calling thread's numba setting changes, and it is restored on return.
+    Threads: numba's kernels run on as many threads as there are cores the other processes leave
+    free, re-chosen at most every 0.25 s (:class:`decoding._threads.ThreadPolicy`;
+    ``DECODING_THREADS=N`` fixes the count). Only the calling thread's numba setting changes, and it
+    is restored on return. BLAS's thread count (one per process) is left as it is, unless
+    ``DECODING_BLAS_THREADS=N`` asks for a limit while the call runs (process-wide).
 
     Raises
     ------

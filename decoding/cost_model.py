@@ -298,7 +298,7 @@ def _key(model) -> str:
             kernels.FEW_ROWS,
             _cpu_name(),
             os.cpu_count(),
-            os.environ.get("DECODING_BLAS_THREADS", "1"),
+            os.environ.get("DECODING_BLAS_THREADS", "default"),
             model.n_layers,
             cfg.d_model,
             cfg.n_heads,

@@ -108,6 +108,44 @@ def test_generate_under_the_policy_gives_the_same_tokens(tiny64, monkeypatch):
     assert one == auto and np.array(one).shape == (2, 6)
 
 
+def test_the_engine_leaves_the_blas_thread_count_as_found(tiny64, tiny_path, monkeypatch):
+    # BLAS has one thread count per process: loading and generating must not change it while they
+    # run (another thread watches), unless DECODING_BLAS_THREADS asks for a limit.
+    import time
+
+    from threadpoolctl import threadpool_info
+
+    from decoding import generate, load_model
+
+    def counts():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    model, tok = tiny64
+    monkeypatch.delenv("DECODING_BLAS_THREADS", raising=False)
+    before, seen, done = counts(), [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(counts())
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        load_model(tiny_path[0], dtype=np.float64)
+        for method in ("autoregressive", "ems", "vanilla"):
+            generate(model, tok, [[1, 2, 3, 4], [5, 6]], max_new_tokens=6, seed=0, method=method)
+    finally:
+        done.set()
+        watcher.join()
+    assert seen and all(s == before for s in seen)
+    if max(before) > 1:  # the opt-in limit holds while the engine runs, and is undone after
+        monkeypatch.setenv("DECODING_BLAS_THREADS", "1")
+        with _threads.blas_threads():
+            assert counts() == [1] * len(before)
+        assert counts() == before
+
+
 def test_a_new_policy_starts_from_a_recent_choice(machine, monkeypatch):
     before = numba.get_num_threads()
     with engine_threads("auto") as p:

@@ -344,7 +344,7 @@ def _apply_wrapper(S, buffers):
     return _DenseColumns(S, buffers) if _materialised(S) else _Operator(S)
 
 
-def phase_block(r: int, p: int) -> int:
+def _phase_block(r: int, p: int) -> int:
     """Closed-form draws run in phases over blocks of this many draws (``_PHASE_BYTES``)."""
     return max(1, _PHASE_BYTES // (8 * r * (2 * p + 1)))
 
@@ -621,7 +621,7 @@ class _Draws:
         n, p = self.X.shape
         out = np.full((len(seeds), 4), math.nan)
         if self.method == "closed_form":
-            step = phase_block(self.r, p)
+            step = _phase_block(self.r, p)
             for a in range(0, len(seeds), step):
                 sketches = [
                     make_sketch(self.sketch, n, self.r, seed=seed, **self.options)
@@ -640,7 +640,7 @@ class _Draws:
 
     def block(self) -> int:
         """Draws a serial run hands to :meth:`__call__` at once (closed form: a block of phases)."""
-        return phase_block(self.r, self.X.shape[1]) if self.method == "closed_form" else 1
+        return _phase_block(self.r, self.X.shape[1]) if self.method == "closed_form" else 1
 
 
 def _executor_workers(executor) -> int:

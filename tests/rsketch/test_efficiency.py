@@ -187,7 +187,7 @@ def test_draws_in_phase_blocks_equal_draws_one_by_one(monkeypatch, kind):
     runs = []
     for block_bytes, block in ((1, 1), (8 * 30 * 13 * 3, 3), (2**30, 10)):
         monkeypatch.setattr(_efficiency, "_PHASE_BYTES", block_bytes)
-        assert min(_efficiency.phase_block(30, 6), 10) == block  # r = 30, p = 6: 8 r (2 p + 1) bytes a draw
+        assert min(_efficiency._phase_block(30, 6), 10) == block  # r = 30, p = 6: 8 r (2 p + 1) bytes a draw
         runs.append(rsketch.efficiency(X, sketch=kind, sketch_size=30, y=y, n_sketches=10, seed=5))
     if kind == "uniform":
         assert 0 < runs[0].n_rank_deficient < 10

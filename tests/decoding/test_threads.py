@@ -10,6 +10,7 @@ import pytest
 
 from decoding import _threads
 from decoding._threads import ThreadPolicy, engine_thread_setting, engine_threads
+from tests.blas_watch import blas_thread_counts, watching_blas_threads
 
 
 class FakeMachine:
@@ -111,39 +112,21 @@ def test_generate_under_the_policy_gives_the_same_tokens(tiny64, monkeypatch):
 def test_the_engine_leaves_the_blas_thread_count_as_found(tiny64, tiny_path, monkeypatch):
     # BLAS has one thread count per process: loading and generating must not change it while they
     # run (another thread watches), unless DECODING_BLAS_THREADS asks for a limit.
-    import time
-
-    from threadpoolctl import threadpool_info
-
     from decoding import generate, load_model
-
-    def counts():
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
     model, tok = tiny64
     monkeypatch.delenv("DECODING_BLAS_THREADS", raising=False)
-    before, seen, done = counts(), [], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            seen.append(counts())
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    before = blas_thread_counts()
+    with watching_blas_threads() as seen:
         load_model(tiny_path[0], dtype=np.float64)
         for method in ("autoregressive", "ems", "vanilla"):
             generate(model, tok, [[1, 2, 3, 4], [5, 6]], max_new_tokens=6, seed=0, method=method)
-    finally:
-        done.set()
-        watcher.join()
     assert seen and all(s == before for s in seen)
     if max(before) > 1:  # the opt-in limit holds while the engine runs, and is undone after
         monkeypatch.setenv("DECODING_BLAS_THREADS", "1")
         with _threads.blas_threads():
-            assert counts() == [1] * len(before)
-        assert counts() == before
+            assert blas_thread_counts() == [1] * len(before)
+        assert blas_thread_counts() == before
 
 
 def test_a_new_policy_starts_from_a_recent_choice(machine, monkeypatch):

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import scipy.stats
-from threadpoolctl import threadpool_info
 
 import rsketch
 import rsketch._validation as validation
 from rsketch._random import sample_without_replacement
 from rsketch.kernels import cpu
+from tests.blas_watch import blas_thread_counts, watching_blas_threads
 
 KINDS = ["gaussian", "srht", "srdct", "countsketch", "sparse_sign", "leverage", "uniform", "uniform_norep"]
 
@@ -35,8 +35,7 @@ def build(kind, n, r, seed=0):
     return rsketch.make_sketch(kind, n, r, seed=seed)
 
 
-def blas_threads():
-    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+blas_threads = blas_thread_counts
 
 
 # --------------------------------------------------------------------------------------------- 1. threads
@@ -74,21 +73,9 @@ def test_no_library_call_changes_the_blas_thread_count_while_it_runs():
     # one thread for the whole process while they ran. Another thread watches the count meanwhile.
     X = np.random.default_rng(0).standard_normal((3000, 20))
     before = blas_threads()
-    seen, done = [], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            seen.append(blas_threads())
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    with watching_blas_threads() as seen:
         rsketch.efficiency(X, sketch="gaussian", sketch_size=200, n_sketches=6, seed=0)
         rsketch.LeverageSampling.from_matrix(X, 100, method="approx", seed=0)
-    finally:
-        done.set()
-        watcher.join()
     assert seen and all(s == before for s in seen)
     assert blas_threads() == before
 

@@ -280,10 +280,13 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
     for child in children:
         S = make_sketch(sketch, n, width - l, seed=child, dtype=dtype)
         new = slice(l, width)
-        G = None if drawn and applies_sketch else _test_block(S, dtype)
+        if drawn:  # the block as a matrix; a dense A multiplies its transpose (S generated once)
+            block = sketch_matrix(S, dtype)
+            G = None if applies_sketch else np.asfortranarray(_dense(block).T)  # as _test_block lays it out
+        else:
+            G = _test_block(S, dtype)
         AG = A.sketch(S) if applies_sketch else np.asarray(A @ G)
         if drawn:
-            block = sketch_matrix(S, dtype)
             blocks.append((l, block))
             Y[:, new] = AG
             for first, M in blocks:

@@ -24,10 +24,9 @@ def default_threads() -> int | None:
     v = os.environ.get("DECODING_BLAS_THREADS", "default").strip().lower()
     if v in ("", "default", "none"):
         return None
-    n = int(v)
-    if n < 1:
-        raise ValueError(f"DECODING_BLAS_THREADS must be >= 1 or 'default', got {v!r}")
-    return n
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"DECODING_BLAS_THREADS must be an integer >= 1 or 'default', got {v!r}")
+    return int(v)
 
 
 def blas_threads(n: int | None = -1):

@@ -129,6 +129,13 @@ def test_the_engine_leaves_the_blas_thread_count_as_found(tiny64, tiny_path, mon
         assert blas_thread_counts() == before
 
 
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_blas_thread_setting_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("DECODING_BLAS_THREADS", value)
+    with pytest.raises(ValueError, match="DECODING_BLAS_THREADS must be an integer >= 1"):
+        _threads.default_threads()
+
+
 def test_a_new_policy_starts_from_a_recent_choice(machine, monkeypatch):
     before = numba.get_num_threads()
     with engine_threads("auto") as p:

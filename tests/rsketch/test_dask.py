@@ -36,6 +36,12 @@ CHUNKINGS = {
 }
 
 
+#: The scheduler serves HTTP (health, metrics) even without its dashboard, by default on port 8787:
+#: a second cluster in the session (test_lowrank_dask.py's) or the user's own took it and the
+#: scheduler warned. Any free port will do.
+NO_FIXED_PORT = {"dashboard_address": ":0"}
+
+
 @pytest.fixture(scope="session")
 def client():
     # Dask's nanny gives each worker one BLAS thread; BLAS products (a Gaussian sketch held dense, the
@@ -46,7 +52,12 @@ def client():
     with (
         dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, memory_limit="1GiB"
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            memory_limit="1GiB",
+            scheduler_kwargs=NO_FIXED_PORT,
         ) as cluster,
         Client(cluster, set_as_default=False) as c,
     ):

@@ -105,7 +105,13 @@ def test_on_a_distributed_cluster_against_svd_compressed(matrix):
     Ad = da.from_array(A, chunks=(1500, N))
     optimum = np.sqrt(np.sum(s[k:] ** 2))
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": ":0"},  # HTTP on any free port (test_dask.py)
+        ) as cluster,
         Client(cluster),  # the default scheduler inside the block
     ):
         ours = rsketch.svd(Ad, k, passes=3, error_probes=False, seed=0)

@@ -103,6 +103,17 @@ def project(A, Q, keep):
     return np.vstack(keep + [rest])
 
 
+def rest_in_range(A, Q, columns, bound):
+    """Whether every column of ``A[:, columns]`` lies within ``bound`` of ``range(Q)`` (``Q`` a Dask
+    array with orthonormal columns, or None for none): two passes (``Q.T A_c``, then the norms of
+    ``A_c - Q (Q.T A_c)``), as :func:`rsketch.linalg._cqrrpt._rest_in_range` in memory."""
+    rest = A[:, columns]
+    if Q is not None:
+        rest = rest - Q @ np.asarray((Q.T @ rest).compute())
+    norms = np.sqrt(np.asarray((rest * rest).sum(axis=0).compute()))
+    return bool(np.all(norms <= bound))  # False for NaN
+
+
 def estimate_error(A, approx, W):
     """HMT (4.3) for a Dask ``A``: ``max_i ||A w_i - approx(w_i)||`` over the columns of ``W``
     (the caller scales it); ``approx(W)`` is a Dask array (``U (s Vt W)``, ``Q (Q.T A W)``). One pass."""

@@ -36,7 +36,7 @@ class QRPivotedResult:
         Column permutation (``A[:, perm]``), as ``scipy.linalg.qr(..., pivoting=True)`` returns it.
     rank : int
         The numerical rank detected on the sketch (columns whose pivot in ``S A`` exceeds
-        ``tol`` times the first).
+        ``tol`` times the first), or on ``A`` itself where ``qr_pivoted`` factors it directly.
 
     Examples
     --------
@@ -138,19 +138,63 @@ def _check_tall(A):
     return A
 
 
-def _sketch(A, sketch, sketch_size, seed):
+def _sketch_rows(A, sketch, sketch_size):
+    """The sketch's row count ``d``, validated: ``sketch_size``, else the operator's, else ``min(m, 2 n)``."""
     m, n = A.shape
+    if isinstance(sketch, SketchOperator) and sketch_size is None:
+        sketch_size = sketch.shape[0]
     d = sketch_size if sketch_size is not None else min(m, 2 * n)
     d = check_int(d, "sketch_size", minimum=n)
+    if isinstance(sketch, SketchOperator) and sketch.shape != (d, m):
+        raise ValueError(f"sketch must have shape {(d, m)}, got {sketch.shape}")
+    return d
+
+
+def _sketch(A, sketch, d, seed):
+    m, n = A.shape
     if isinstance(sketch, SketchOperator):
-        if sketch.shape != (d, m):
-            raise ValueError(f"sketch must have shape {(d, m)}, got {sketch.shape}")
         if sketch.kind in ("uniform", "leverage") and not is_dask_array(A):
             check_finite(A, "A")  # a sampling sketch reads some rows only: it cannot vouch for the rest
         SA = sketch @ A
     else:
         SA = make_sketch(sketch, m, d, seed=seed, dtype=A.dtype) @ A
     return np.asarray(SA.compute()) if is_dask_array(SA) else SA
+
+
+#: A column that the sketch's rank leaves out must lie within this many times the rank tolerance
+#: (``tol`` times the first pivot) of the basis ``Q`` (:func:`_rest_in_range`). A sketch that embeds
+#: ``range(A)`` with distortion ``eps`` maps a residual ``r`` to ``||S r|| >= (1 - eps) ||r||``, and
+#: QRCP bounds ``||S r||`` by the next pivot: 10 leaves room for ``eps`` up to 0.9.
+RANK_CHECK_FACTOR = 10.0
+
+
+def _rank_of(R, tol):
+    """Pivots of an upper-triangular ``R`` above ``tol`` times the first (0 for a zero ``R``)."""
+    diag = np.abs(np.diag(R))
+    return int(np.count_nonzero(diag > tol * diag[0])) if diag.size and diag[0] > 0 else 0
+
+
+def _householder(A, tol):
+    """LAPACK's QRCP (``geqp3``) of ``A`` itself, truncated at its numerical rank: where a sketch
+    could not be smaller than ``A``, and where the sketch failed to reveal ``A``'s rank."""
+    check_finite(A, "A")
+    Q, R, perm = scipy.linalg.qr(A, mode="economic", pivoting=True, check_finite=False)
+    tol = max(A.shape) * np.finfo(A.dtype).eps if tol is None else tol
+    rank = _rank_of(R, tol)
+    return QRPivotedResult(np.ascontiguousarray(Q[:, :rank]), R[:rank], perm, rank)
+
+
+def _rest_in_range(A, Q, perm, rank, bound):
+    """Whether every column of ``A`` the rank left out, ``A[:, perm[rank:]]``, lies within ``bound``
+    of ``range(Q)``: the check that the sketch saw all of ``range(A)``. A sketch that maps part of it
+    to nothing (a square sparse sign of ``+-1`` entries can be singular; a CountSketch folds rows
+    together) reports a lower rank, and ``R`` would then misrepresent those columns. ``O(m n (n -
+    rank))``, run only when the rank is below ``n``."""
+    rest = np.take(A, perm[rank:], axis=1)
+    if rank:
+        rest -= Q @ (Q.T @ rest)
+    norms = np.linalg.norm(rest, axis=0)
+    return bool(np.all(norms <= bound))  # False for NaN
 
 
 def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None):
@@ -206,19 +250,26 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     A = _check_tall(A)
     m, n = A.shape
     check_seed(seed)
-    SA = _sketch(A, sketch, sketch_size, seed)
+    if tol is not None:
+        tol = check_real(tol, "tol")
+        if not 0 <= tol < 1:
+            raise ValueError(f"tol must lie in [0, 1), got {tol}")
+    d = _sketch_rows(A, sketch, sketch_size)
+    if d >= m and not isinstance(sketch, SketchOperator):  # no sketch is smaller than A itself
+        return _householder_of(A, tol)
+    SA = _sketch(A, sketch, d, seed)
     _, R_sk, perm = scipy.linalg.qr(SA, mode="economic", pivoting=True, check_finite=False)
     eps = np.finfo(A.dtype).eps
-    tol = max(SA.shape) * eps if tol is None else check_real(tol, "tol")
-    if not 0 <= tol < 1:
-        raise ValueError(f"tol must lie in [0, 1), got {tol}")
-    diag = np.abs(np.diag(R_sk))
-    rank = int(np.count_nonzero(diag > tol * diag[0])) if diag[0] > 0 else 0
-    if rank == 0:
-        return QRPivotedResult(np.zeros((m, 0), A.dtype), np.zeros((0, n), A.dtype), perm, 0)
+    rank_tol = max(d, n) * eps if tol is None else tol
+    rank = _rank_of(R_sk, rank_tol)
+    bound = RANK_CHECK_FACTOR * max(rank_tol, max(d, n) * eps) * abs(R_sk[0, 0])
     if is_dask_array(A):  # two more passes over the chunks: the Gram, then Q (lazy)
-        Q, R_pre = dask_lowrank.cqrrpt(A[:, perm[:rank]], SA, rank, R_sk)
-        return QRPivotedResult(Q, R_pre @ R_sk[:rank, :], perm, rank)
+        return _dask_cqrrpt(A, SA, R_sk, perm, rank, bound)
+    if rank == 0:
+        Q = np.zeros((m, 0), A.dtype)
+        if not _rest_in_range(A, Q, perm, 0, bound):
+            return _householder(A, tol)
+        return QRPivotedResult(Q, np.zeros((0, n), A.dtype), perm, 0)
     # A[:, perm[:k]] is copied once (it becomes Q); its transpose is Fortran-ordered, so the
     # triangular solves run in place as R^-T (A_k).T. np.take, not fancy indexing: for a C-ordered
     # 1,000,000 x 100 A, A[:, perm] took 2.6 s against np.take's 0.15 s.
@@ -232,14 +283,41 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
         check_finite(A, "A")
     try:
         R_pre = scipy.linalg.cholesky(G, lower=False, check_finite=False)
-    except np.linalg.LinAlgError:
-        raise ValueError(
-            "the sketch did not precondition A (Cholesky of the preconditioned Gram failed); use a "
-            "larger sketch_size or a Gaussian sketch"
-        ) from None
+    except np.linalg.LinAlgError:  # the sketch did not embed range(A): no preconditioner
+        return _householder(A, tol)
     Qt = _solve_right_upper(R_pre, Qt)
-    R = R_pre @ R_sk[:rank, :]
-    return QRPivotedResult(Qt.T, R, perm, rank)
+    if rank < n and not _rest_in_range(A, Qt.T, perm, rank, bound):
+        return _householder(A, tol)
+    return QRPivotedResult(Qt.T, R_pre @ R_sk[:rank, :], perm, rank)
+
+
+def _householder_of(A, tol):
+    """:func:`_householder` for a NumPy or (small, as the caller checks) Dask ``A``; a Dask ``A``
+    gets its ``Q`` back as a Dask array chunked as its rows."""
+    if not is_dask_array(A):
+        return _householder(A, tol)
+    import dask.array as da
+
+    res = _householder(np.asarray(A.compute()), tol)
+    return QRPivotedResult(da.from_array(res.Q, chunks=(A.chunks[0], -1)), res.R, res.perm, res.rank)
+
+
+def _dask_cqrrpt(A, SA, R_sk, perm, rank, bound):
+    """The passes after the sketch for a Dask ``A``: the Gram and ``Q`` (lazy), then, where the
+    rank is below ``n``, the check of :func:`_rest_in_range` (two more passes). A sketch that failed
+    is an error here: ``A`` may not fit in memory for LAPACK's QRCP."""
+    m, n = A.shape
+    if rank == 0:
+        Q, R = np.zeros((m, 0), A.dtype), np.zeros((0, n), A.dtype)
+    else:
+        Q, R_pre = dask_lowrank.cqrrpt(A[:, perm[:rank]], SA, rank, R_sk)
+        R = R_pre @ R_sk[:rank, :]
+    if rank < n and not dask_lowrank.rest_in_range(A, None if rank == 0 else Q, perm[rank:], bound):
+        raise ValueError(
+            f"the sketch did not reveal A's rank: it found {rank} of {n} columns, and the others do not "
+            "lie in their span; use a larger sketch_size or a Gaussian sketch"
+        )
+    return QRPivotedResult(Q, R, perm, rank)
 
 
 def interpolative(A, rank, *, sketch="sparse_sign", sketch_size=None, seed=None):

@@ -262,6 +262,58 @@ def test_cqrrpt_detects_the_numerical_rank_and_pivots_like_qrcp():
         assert np.linalg.matrix_rank(A[:, cols]) == 7
 
 
+def _is_householder(monkeypatch):
+    """Count the calls of qr_pivoted's LAPACK path (geqp3 of A itself)."""
+    from rsketch.linalg import _cqrrpt
+
+    calls = []
+    real = _cqrrpt._householder
+    monkeypatch.setattr(_cqrrpt, "_householder", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("sketch", ["sparse_sign", "gaussian", "countsketch", "srht", "uniform"])
+def test_cqrrpt_factors_square_and_nearly_square_matrices_exactly(monkeypatch, sketch):
+    # With m < 2n the default sketch has m rows: no smaller than A, and a square sparse sign of +-1
+    # entries can be singular (it made [[1, 2], [3, 4]] rank 1, with A P != Q R). Such an A is
+    # factored by geqp3 itself.
+    calls = _is_householder(monkeypatch)
+    A = np.array([[1.0, 2.0], [3.0, 4.0]])
+    res = qr_pivoted(A, sketch=sketch, seed=0)
+    assert res.rank == 2 and np.abs(A[:, res.perm] - res.Q @ res.R).max() <= 1e-15 * 8
+    for m, n in ((40, 40), (40, 39), (300, 300), (41, 30)):
+        for seed in range(3):
+            A = np.random.default_rng(seed).standard_normal((m, n))
+            res = qr_pivoted(A, sketch=sketch, seed=seed)
+            assert res.rank == n
+            assert np.linalg.norm(A[:, res.perm] - res.Q @ res.R) <= 1e-14 * np.linalg.norm(A)
+            assert np.linalg.norm(res.Q.T @ res.Q - np.eye(n), 2) <= 1e-13
+    assert len(calls) == 13
+    assert interpolative(np.array([[1.0, 2.0], [3.0, 4.0]]), 2, seed=0).rank == 2
+
+
+def test_cqrrpt_checks_a_lower_rank_than_n_and_falls_back_where_the_sketch_missed_a_direction(monkeypatch):
+    calls = _is_householder(monkeypatch)
+    # A good sketch of an exactly rank-7 A: the check passes, and the result is CQRRPT's.
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((3000, 7)) @ rng.standard_normal((7, 40))
+    assert qr_pivoted(A, seed=0).rank == 7 and not calls
+    # A sampling sketch of a coherent A: 5 rows hold most of it, 3 columns live in the other rows at
+    # 1e-3 of the size. Uniform sampling of 16 of 400 rows misses them (rank 5 on the sketch); the
+    # check finds those columns outside range(Q), and geqp3 of A gives the rank 8.
+    C = np.zeros((400, 8))
+    C[:5] = rng.standard_normal((5, 8))
+    C[5:, :3] = 1e-3 * rng.standard_normal((395, 3))
+    res = qr_pivoted(C, sketch="uniform", sketch_size=16, seed=0)
+    assert len(calls) == 1 and res.rank == 8
+    assert np.linalg.norm(C[:, res.perm] - res.Q @ res.R) <= 1e-14 * np.linalg.norm(C)
+    # A zero sketch of a nonzero A (every sampled row zero) is not rank 0.
+    Z = np.zeros((400, 3))
+    Z[7] = [1.0, 2.0, 3.0]
+    assert qr_pivoted(Z, sketch="uniform", sketch_size=6, seed=1).rank == 1 and len(calls) == 2
+    assert qr_pivoted(np.zeros((400, 3)), seed=0).rank == 0 and len(calls) == 2
+
+
 def test_interpolative_against_scipy_interpolative():
     rng = np.random.default_rng(12)
     A = rng.standard_normal((2000, 50)) * 0.5 ** np.arange(50)

@@ -83,6 +83,26 @@ def test_qr_pivoted_equals_in_memory_and_is_accurate():
     np.testing.assert_allclose(res.R, ref.R, rtol=1e-10, atol=1e-10 * np.abs(ref.R).max())
 
 
+def test_qr_pivoted_checks_the_sketchs_rank_on_dask_input():
+    # As in memory: a rank below n is checked against the columns it leaves out (two passes).
+    rng = np.random.default_rng(6)
+    A = rng.standard_normal((3000, 5)) @ rng.standard_normal((5, 12))  # rank 5, found
+    C = np.zeros((400, 8))  # coherent: a uniform sample of 16 rows misses three of its directions
+    C[:5] = rng.standard_normal((5, 8))
+    C[5:, :3] = 1e-3 * rng.standard_normal((395, 3))
+    with dask.config.set(scheduler="threads"):
+        res = rsketch.qr_pivoted(da.from_array(A, chunks=(1000, 12)), seed=0)
+        assert res.rank == 5
+        assert np.linalg.norm(A[:, res.perm] - res.Q.compute() @ res.R) <= 1e-13 * np.linalg.norm(A)
+        with pytest.raises(ValueError, match="did not reveal A's rank: it found [0-7] of 8"):
+            rsketch.qr_pivoted(da.from_array(C, chunks=(100, 8)), sketch="uniform", sketch_size=16, seed=0)
+        # no sketch is smaller than a nearly square A: geqp3 of it, Q still a Dask array
+        B = np.array([[1.0, 2.0], [3.0, 4.0]])
+        res = rsketch.qr_pivoted(da.from_array(B, chunks=(1, 2)), seed=0)
+        assert isinstance(res.Q, da.Array) and res.rank == 2
+        assert np.abs(B[:, res.perm] - res.Q.compute() @ res.R).max() <= 1e-14
+
+
 def test_unsupported_dask_calls_say_so():
     Ad = da.ones((100, 5), chunks=(30, 5))
     with pytest.raises(ValueError, match="not available for Dask"):

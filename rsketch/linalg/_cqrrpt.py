@@ -231,10 +231,17 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     ``A`` within the embedding's distortion, and ``R`` equals Householder QR's ``R`` of
     ``A[:, perm]`` up to the signs of its rows and rounding. ``Q`` costs one ``m x k`` array.
 
+    Where no sketch is smaller than ``A`` (``d >= m``, the default for ``m < 2 n``; a sketch given
+    as a kind), ``A`` itself is factored by ``geqp3``. A rank ``k < n`` is checked: the columns it
+    leaves out must lie within ``10 tol |R_sk[0, 0]|`` of ``range(Q)``; where they do not (the
+    sketch missed part of ``range(A)``), or where the Cholesky QR fails, ``A`` is factored by
+    ``geqp3`` (for Dask input: a ``ValueError``). See docs/lowrank.md.
+
     Raises
     ------
     ValueError
-        ``m < n``, NaN/inf, ``sketch_size < n``.
+        ``m < n``, NaN/inf, ``sketch_size < n``; for Dask input, a sketch that did not reveal the
+        rank or precondition ``A``.
 
     Examples
     --------

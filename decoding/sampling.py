@@ -82,16 +82,25 @@ def greedy(logits: np.ndarray) -> np.ndarray:
     return np.argmax(logits, axis=-1)
 
 
+#: ``exp(-EXP_FLOOR)`` is 0 in float64 (``exp`` underflows to 0 below about -745.1), so a scaled
+#: logit below ``-EXP_FLOOR`` has no probability however far below it lies.
+EXP_FLOOR = 1000.0
+
+
 def filtered_probs(logits: np.ndarray, temperature: float, top_k=None, top_p=None) -> np.ndarray:
     """Probabilities ``[B, V]`` after temperature, then top-k, then top-p (float64).
 
-    ``temperature == 0`` gives a one-hot row at the argmax.
+    ``temperature == 0`` gives a one-hot row at the argmax; so does any temperature too small for
+    ``exp((logit - max) / temperature)`` to be nonzero below the maximum (ties at the maximum share
+    the mass), without overflow or a NaN, down to the smallest positive float.
 
     Examples
     --------
     >>> p = filtered_probs(np.log(np.array([[0.5, 0.3, 0.2]])), 1.0, top_p=0.7)
     >>> np.round(p, 3).tolist()
     [[0.625, 0.375, 0.0]]
+    >>> filtered_probs(np.array([[0.5, 2.0, -1.0]]), 1e-310).tolist()
+    [[0.0, 1.0, 0.0]]
     """
     logits = np.atleast_2d(np.asarray(logits, dtype=np.float64))
     B, V = logits.shape
@@ -99,11 +108,16 @@ def filtered_probs(logits: np.ndarray, temperature: float, top_k=None, top_p=Non
         out = np.zeros((B, V))
         out[np.arange(B), greedy(logits)] = 1.0
         return out
-    z = logits / temperature
+    # Each row's maximum is subtracted before dividing, so the top logit becomes 0 and no quotient
+    # can overflow: logits / temperature would be inf for a tiny temperature, and inf - inf NaN.
+    # A shifted logit below -EXP_FLOOR * temperature is raised to it: its exp is 0 either way, and
+    # the quotient stays finite (a temperature so small that every other logit reaches the floor
+    # is greedy decoding).
+    d = logits - logits.max(axis=-1, keepdims=True)
+    z = np.maximum(d, -EXP_FLOOR * float(temperature)) / temperature  # the row's maximum is 0
     if top_k is not None and top_k < V:
         kth = np.partition(z, V - top_k, axis=-1)[:, V - top_k][:, None]  # k-th largest per row
         z = np.where(z >= kth, z, -np.inf)
-    z = z - z.max(axis=-1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=-1, keepdims=True)
     if top_p is not None and top_p < 1.0:

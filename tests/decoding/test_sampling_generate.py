@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,31 @@ def test_sample_frequencies_follow_the_distribution():
     assert np.all(np.abs(freq - probs) < 4.5 * np.sqrt(probs * (1 - probs) / draws.size))
     draws = sample(logits[:2000], SamplingParams(temperature=1.0, top_k=1), np.random.default_rng(0))
     assert (draws == 1).all()
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-310, 5e-324])
+def test_a_tiny_temperature_gives_the_greedy_distribution(temperature):
+    # logits / temperature overflowed to inf, and inf - inf gave NaN rows (sampled as token 0)
+    logits = np.random.default_rng(0).normal(size=(4, 50)) * 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow or invalid-value warning either
+        for kw in ({}, {"top_k": 5}, {"top_p": 0.9}):
+            np.testing.assert_array_equal(
+                filtered_probs(logits, temperature, **kw), filtered_probs(logits, 0.0)
+            )
+        # two logits within a few temperatures of each other still share the mass
+        p = filtered_probs(np.array([[0.0, -1e-323, -1.0]]), 5e-324)
+    np.testing.assert_allclose(p, [[1 / (1 + np.exp(-2)), np.exp(-2) / (1 + np.exp(-2)), 0.0]], rtol=1e-12)
+
+
+def test_generate_with_a_tiny_temperature_is_greedy(tiny64):
+    model, tok = tiny64
+    ids = [tok.encode("the cat"), tok.encode("in the hat")]
+    greedy = generate(model, tok, ids, max_new_tokens=6).tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in (1e-310, 5e-324):
+            assert generate(model, tok, ids, max_new_tokens=6, temperature=t, seed=0).tokens == greedy
 
 
 # -- tokenizer -----------------------------------------------------------------------------------

@@ -82,6 +82,7 @@ def _loop_arguments(
         )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
         raise TypeError(f"max_new_tokens must be an integer, got {type(max_new_tokens).__name__}")
+    max_new_tokens = int(max_new_tokens)  # a NumPy integer would overflow in len(p) + max_new_tokens
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     sampling = SamplingParams(temperature, top_k, top_p)
@@ -106,7 +107,7 @@ def _loop_arguments(
     if method not in METHODS:
         raise ValueError(f"method must be 'autoregressive', 'ems' or 'vanilla', got {method!r}")
     return dict(
-        prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=sampling, stop=stop, rng=rng,
+        prompt_ids=ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, rng=rng,
         stream=stream, eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
 

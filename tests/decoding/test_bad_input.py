@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,19 @@ def test_generate_names_the_bad_argument(tiny64, prompts, kwargs, exc, match):
     model, tok = tiny64
     with pytest.raises(exc, match=match):
         generate(model, tok, prompts, max_new_tokens=2, **kwargs)
+
+
+@pytest.mark.parametrize("max_new_tokens", [np.int16(32767), np.int32(2**31 - 1), np.int64(2**63 - 1)])
+def test_a_numpy_max_new_tokens_does_not_overflow_the_context_check(tiny64, max_new_tokens):
+    # len(prompt) + max_new_tokens wrapped around in the NumPy type: a warning, or no error at all
+    model, tok = tiny64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(
+            ValueError, match=rf"^prompts\[0\] has 2 tokens; with max_new_tokens={max_new_tokens} "
+        ):
+            generate(model, tok, [[1, 2]], max_new_tokens=max_new_tokens)
+    assert len(generate(model, tok, [[1, 2]], max_new_tokens=np.int16(3)).tokens[0]) <= 3
 
 
 @pytest.mark.parametrize("tokenizer", [None, "tok", object()])

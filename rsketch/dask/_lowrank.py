@@ -40,8 +40,24 @@ def times_inverse_triangle(Y, R):
     return Y.map_blocks(_solve_right, R, dtype=Y.dtype, chunks=(Y.chunks[0], (R.shape[1],)))
 
 
-def orth(Y):
-    """Orthonormal basis of ``range(Y)`` for a tall Dask ``Y``, persisted: CholeskyQR2, else TSQR."""
+def refuse_nonfinite(A, name="A"):
+    """Raise the ``ValueError`` for a product of ``A`` that is not finite: the first row chunk holding
+    NaN or infinity by name, else the overflow of finite entries (one pass, on that path only)."""
+    finite = A.map_blocks(
+        lambda b: np.array([[np.isfinite(b).all()]]), chunks=((1,) * A.numblocks[0], (1,)), dtype=bool
+    )
+    finite = np.asarray(finite.compute()).ravel()
+    if finite.all():
+        raise ValueError(f"the products of {name} overflow: its entries are too large; scale {name}")
+    i = int(np.argmin(finite))
+    a = int(sum(A.chunks[0][:i]))
+    raise ValueError(f"{name} (rows {a}:{a + A.chunks[0][i]}) contains NaN or infinite values")
+
+
+def orth(Y, A):
+    """Orthonormal basis of ``range(Y)`` for a tall Dask ``Y`` (products of ``A``), persisted:
+    CholeskyQR2, else TSQR. A Gram that is not finite is ``A``'s NaN or overflow
+    (:func:`refuse_nonfinite`), not a matrix to factor."""
     import dask.array as da
 
     Y = Y.rechunk({1: -1}).persist()
@@ -49,6 +65,8 @@ def orth(Y):
     Q = Y
     for _ in range(2):
         G = np.asarray((Q.T @ Q).compute(), dtype=np.float64)
+        if not np.isfinite(G).all():
+            refuse_nonfinite(A)
         try:
             R = scipy.linalg.cholesky((G + G.T) / 2, lower=False, check_finite=False)
         except np.linalg.LinAlgError:
@@ -70,12 +88,13 @@ def basis(A, first, passes, method):
     """
     if passes % 2:
         Y = A @ np.asarray(first.to_dense().T, dtype=A.dtype)
-        rounds = passes // 2
     else:
         Z = np.asarray((first @ A).compute()).T
         Y = A @ np.linalg.qr(Z)[0].astype(A.dtype)
-        rounds = passes // 2 - 1
-    blocks, keep = [orth(Y)], []
+    rounds = (passes - 1) // 2
+    if method == "block_krylov":  # the space cannot outgrow min(m, n), as in memory
+        rounds = min(rounds, min(A.shape) // first.shape[0] - 1)
+    blocks, keep = [orth(Y, A)], []
     for _ in range(rounds):
         P = np.asarray((A.T @ blocks[-1]).compute())
         if method == "block_krylov":
@@ -83,13 +102,13 @@ def basis(A, first, passes, method):
         Z = np.linalg.qr(P)[0].astype(A.dtype)
         Y = A @ Z
         if method == "subspace":
-            blocks = [orth(Y)]
+            blocks = [orth(Y, A)]
             continue
         for _ in range(2):  # CGS2 against the blocks so far, as in memory
             for B in blocks:
                 Y = Y - B @ (B.T @ Y).compute()
             Y = Y.persist()
-        blocks.append(orth(Y))
+        blocks.append(orth(Y, A))
     import dask.array as da
 
     Q = blocks[0] if len(blocks) == 1 else da.concatenate(blocks, axis=1).rechunk({1: -1}).persist()

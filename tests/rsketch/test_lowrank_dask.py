@@ -103,6 +103,32 @@ def test_qr_pivoted_checks_the_sketchs_rank_on_dask_input():
         assert np.abs(B[:, res.perm] - res.Q.compute() @ res.R).max() <= 1e-14
 
 
+@pytest.mark.parametrize("shape", [(40, 30), (30, 400), (1, 30)])
+def test_block_krylov_on_dask_stops_where_the_space_fills_min_m_n(shape):
+    # As in memory, the block Krylov space takes at most min(m, n) // l - 1 rounds: with more, the
+    # basis had more columns than rows and svd's singular values came out too large (12.9 for 11.9).
+    X = np.random.default_rng(1).standard_normal(shape)
+    k = min(5, *shape)
+    with dask.config.set(scheduler="threads"):
+        Q = rsketch.range_finder(da.from_array(X, chunks=(max(1, shape[0] // 2), -1)), k, passes=7, seed=0).Q
+        res = rsketch.svd(da.from_array(X, chunks=(max(1, shape[0] // 2), -1)), k, passes=7, seed=0)
+    ref = rsketch.svd(X, k, passes=7, seed=0)
+    assert Q.shape[1] <= min(shape)
+    np.testing.assert_allclose(res.s, np.linalg.svd(X, compute_uv=False)[:k], rtol=1e-10)
+    np.testing.assert_allclose(res.s, ref.s, rtol=1e-12)
+
+
+@pytest.mark.parametrize("passes", [1, 2, 3])
+def test_nan_in_dask_input_is_named_by_its_rows(passes):
+    C = np.random.default_rng(0).standard_normal((100, 30))
+    C[57, 3] = np.nan
+    with (
+        dask.config.set(scheduler="threads"),
+        pytest.raises(ValueError, match=r"A \(rows 40:60\) contains NaN"),
+    ):
+        rsketch.svd(da.from_array(C, chunks=(20, 30)), 5, passes=passes, method="subspace", seed=0)
+
+
 def test_unsupported_dask_calls_say_so():
     Ad = da.ones((100, 5), chunks=(30, 5))
     with pytest.raises(ValueError, match="not available for Dask"):

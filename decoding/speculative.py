@@ -124,8 +124,8 @@ def verify_sampling(logits: np.ndarray, draft: np.ndarray, sampling: SamplingPar
     return draft.size, [int(t) for t in draft] + [_draw(p(draft.size), rng)]
 
 
-def _references(tokenizer, references, n_prompts: int):
-    """One int array per prompt from ``references`` (texts or token ids), or None."""
+def _references(tokenizer, references, n_prompts: int, vocab_size: int | None = None):
+    """One int array per prompt from ``references`` (texts, or token ids in ``[0, vocab_size)``), or None."""
     if references is None:
         return None
     if not isinstance(references, (list, tuple)) or len(references) != n_prompts:
@@ -135,7 +135,7 @@ def _references(tokenizer, references, n_prompts: int):
         if isinstance(r, str):  # plain text: a control token's spelling stays text
             refs.append(np.array(tokenizer.encode(check_text(r, f"references[{i}]")), dtype=np.int64))
         elif isinstance(r, (list, tuple, np.ndarray)):
-            refs.append(np.array(check_token_ids(r, f"references[{i}]"), dtype=np.int64))
+            refs.append(np.array(check_token_ids(r, f"references[{i}]", vocab_size), dtype=np.int64))
         else:
             raise TypeError(f"references[{i}] must be a str or a list of token ids, got {type(r).__name__}")
     return refs
@@ -254,7 +254,9 @@ def prepare_speculative(
             f"the draft model's vocabulary ({d.model.config.vocab_size}) differs from the target's "
             f"({model.config.vocab_size})"
         )
-    refs = _references(tokenizer, references, len(prompt_ids))
+    refs = _references(  # ids outside the vocabulary fail here, not in the drafter's forward
+        tokenizer, references, len(prompt_ids), None if model is None else model.config.vocab_size
+    )
     if model is not None:
         n = len(prompt_ids)
         slots = n if max_batch is None else min(int(max_batch), n)

@@ -47,6 +47,18 @@ from decoding import cli, generate
         ([[1, -1]], {}, ValueError, r"^prompts\[0\] has token ids outside"),
         ("ok", {"method": "ems", "references": [[1.5]]}, TypeError, r"^references\[0\]\[0\]"),
         ("ok", {"method": "ems", "references": ["\ud800"]}, ValueError, r"^references\[0\] is not valid"),
+        (
+            "ok",
+            {"method": "ems", "references": [[1, 2, 70000, 70000]], "draft_budget": None},
+            ValueError,
+            r"^references\[0\] has token ids outside \[0, 264\): 70000 at index 2",
+        ),
+        (
+            ["a", "b"],
+            {"method": "vanilla", "references": [[1], np.array([3, -1])], "draft_budget": None},
+            ValueError,
+            r"^references\[1\] has token ids outside \[0, 264\): -1 at index 1",
+        ),
     ],
 )
 def test_generate_names_the_bad_argument(tiny64, prompts, kwargs, exc, match):

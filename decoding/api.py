@@ -165,7 +165,7 @@ def generate(
     drafter : {"llma", "prompt_lookup", "draft_model"} or Drafter, default "llma"
         Who proposes the drafts (speculative methods only); ``"draft_model"`` is the target
         truncated to a quarter of its layers; see :mod:`decoding.drafters`.
-    max_draft : int, default 7
+    max_draft : int >= 1, default 7
         At most this many draft tokens per sample and step (the LLMA paper's copy length); a
         draft never runs past ``max_new_tokens`` (nor, therefore, the context), and the caches
         are sized by the draft length that can be used, not by ``max_draft``.

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         help="ems: speculative decoding without padding (EMS-SD); vanilla: the padded baseline",
     )
     g.add_argument("--drafter", choices=DRAFTERS, default="llma")
-    g.add_argument("--max-draft", type=int, default=7, help="draft tokens per step at most")
+    g.add_argument("--max-draft", type=int, default=7, help="draft tokens per step at most (>= 1)")
     g.add_argument("--reference", default=None, help="a text FILE the LLMA drafter copies from")
     g.add_argument("--no-budget", action="store_true", help="verify every draft (no cost-model budget)")
     d = sub.add_parser("demo", help="answer four chat questions at batch 4")
@@ -172,6 +172,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "generate" and args.batch < 1:
         parser.error("--batch must be >= 1")
+    if args.command == "generate" and args.max_draft < 1:  # whatever --method
+        parser.error(f"--max-draft must be >= 1, got {args.max_draft}")
     try:
         return _generate(args) if args.command == "generate" else _demo(args)
     except (ValueError, TypeError, MemoryError, ModuleNotFoundError, FileNotFoundError, OSError) as e:

@@ -245,8 +245,8 @@ def prepare_speculative(
     """
     if isinstance(max_draft, bool) or not isinstance(max_draft, (int, np.integer)):
         raise TypeError(f"max_draft must be an integer, got {type(max_draft).__name__}")
-    if max_draft < 0:
-        raise ValueError(f"max_draft must be >= 0, got {max_draft}")
+    if max_draft < 1:  # 0 would draft nothing: autoregressive decoding at speculation's cost
+        raise ValueError(f"max_draft must be >= 1, got {max_draft}")
     usable = max(1, min(int(max_draft), int(max_new_tokens)))  # a longer draft is never used
     d = make_drafter(drafter, model, max_draft=usable)
     if isinstance(d, DraftModelDrafter) and d.model.config.vocab_size != model.config.vocab_size:

@@ -59,6 +59,13 @@ from decoding import cli, generate
             ValueError,
             r"^references\[1\] has token ids outside \[0, 264\): -1 at index 1",
         ),
+        ("ok", {"method": "ems", "max_draft": 0}, ValueError, r"^max_draft must be >= 1, got 0$"),
+        (
+            "ok",
+            {"method": "vanilla", "max_draft": np.int64(0)},
+            ValueError,
+            r"^max_draft must be >= 1, got 0$",
+        ),
     ],
 )
 def test_generate_names_the_bad_argument(tiny64, prompts, kwargs, exc, match):
@@ -152,6 +159,17 @@ def test_cli_reference_not_utf8(tiny_path, tmp_path, capsys):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert f"--reference {ref}: not valid UTF-8 (byte 0xff at offset 8)" in err
+
+
+@pytest.mark.parametrize("method", [[], ["--method", "ems"], ["--method", "vanilla"]])
+def test_cli_max_draft_zero(tiny_path, capsys, monkeypatch, method):
+    loaded = []
+    monkeypatch.setattr(cli, "load_model", lambda name: loaded.append(name))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "the", "--model", str(tiny_path[0]), "--max-draft", "0", *method])
+    assert exit_info.value.code == 2
+    assert "error: --max-draft must be >= 1, got 0" in capsys.readouterr().err
+    assert loaded == []  # refused before the model is loaded
 
 
 def test_cli_bad_seed(tiny_path, capsys):

@@ -13,7 +13,7 @@ from .model import Model
 from .results import GenerationResult
 from .sampling import SamplingParams
 from .scheduling import check_max_batch
-from .speculative import LAYOUTS, prepare_speculative, speculative_generate
+from .speculative import LAYOUTS, check_speculative_arguments, prepare_speculative, speculative_generate
 from .tokenizer import check_text, check_token_ids
 
 __all__ = ["LoadedModel", "load_model", "generate", "model_path", "MODELS", "METHODS"]
@@ -162,6 +162,9 @@ def generate(
     method : {"autoregressive", "ems", "vanilla"}, default "autoregressive"
         ``"ems"``: multi-sample speculative decoding without padding (EMS-SD); ``"vanilla"``: the
         padded baseline (same tokens, more computation); see :mod:`decoding.speculative`.
+        ``drafter``, ``max_draft``, ``references`` and ``draft_budget`` serve the speculative
+        methods only; with ``"autoregressive"`` they are still checked (a bad value raises, as
+        with any method) and valid ones are ignored, as ``seed`` is when decoding is greedy.
     drafter : {"llma", "prompt_lookup", "draft_model"} or Drafter, default "llma"
         Who proposes the drafts (speculative methods only); ``"draft_model"`` is the target
         truncated to a quarter of its layers; see :mod:`decoding.drafters`.
@@ -218,6 +221,11 @@ def generate(
     kw = _loop_arguments(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, stop=stop, seed=seed, stream=stream, method=method, max_batch=max_batch,
+    )  # fmt: skip
+    # checked whatever the method: a bad value is an error even where it would go unused
+    max_draft, references = check_speculative_arguments(
+        tokenizer, len(kw["prompt_ids"]), drafter=drafter, max_draft=max_draft, references=references,
+        draft_budget=draft_budget, vocab_size=model.config.vocab_size,
     )  # fmt: skip
     with blas_threads():
         if method == "autoregressive":

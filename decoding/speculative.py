@@ -36,7 +36,7 @@ import numpy as np
 from ._threads import engine_threads
 from ._xp import to_host
 from .cost_model import CostModel, DraftBudget
-from .drafters import Drafter, DraftModelDrafter, make_drafter
+from .drafters import DRAFTERS, Drafter, DraftModelDrafter, make_drafter
 from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, filtered_probs, sample
@@ -45,6 +45,7 @@ from .tokenizer import check_text, check_token_ids
 
 __all__ = [
     "speculative_generate",
+    "check_speculative_arguments",
     "prepare_speculative",
     "packed_step",
     "padded_step",
@@ -155,6 +156,63 @@ def _draft_budget(draft_budget, model, drafter: Drafter) -> DraftBudget | None:
     raise ValueError(f"draft_budget must be 'auto', None, a DraftBudget or a CostModel, got {draft_budget!r}")
 
 
+def check_speculative_arguments(
+    tokenizer, n_prompts: int, *, drafter, max_draft, references, draft_budget, vocab_size: int | None = None
+) -> tuple[int, list[np.ndarray] | None]:  # fmt: skip
+    """Check the speculative arguments of :func:`decoding.generate`, building nothing.
+
+    :func:`decoding.generate` calls it whatever the method, so that a bad value raises even where
+    it would go unused; no drafter is made and no cost model measured.
+
+    Parameters
+    ----------
+    tokenizer : Tokenizer
+        Encodes text references.
+    n_prompts : int
+        ``references`` needs one entry per prompt.
+    drafter : str or Drafter
+        A name of :data:`~decoding.drafters.DRAFTERS` or a :class:`~decoding.drafters.Drafter`.
+    max_draft : int >= 1
+    references : None, or list of str or of token-id lists
+    draft_budget : "auto", None, DraftBudget or CostModel
+    vocab_size : int, optional
+        Reference token ids must lie in ``[0, vocab_size)``.
+
+    Returns
+    -------
+    (int, list of int arrays or None)
+        ``max_draft`` as an int, and the references as token ids.
+
+    Examples
+    --------
+    >>> check_speculative_arguments(None, 1, drafter="llma", max_draft=np.int64(3),
+    ...                             references=[[4, 5]], draft_budget="auto", vocab_size=10)
+    (3, [array([4, 5])])
+    >>> check_speculative_arguments(None, 1, drafter="foo", max_draft=3, references=None,
+    ...                             draft_budget=None)
+    Traceback (most recent call last):
+    ...
+    ValueError: drafter must be 'llma', 'prompt_lookup', 'draft_model' or a Drafter object, got 'foo'
+    """
+    if not isinstance(drafter, (str, Drafter)):
+        raise TypeError(f"drafter must be a drafter's name or a Drafter object, got {type(drafter).__name__}")
+    if isinstance(drafter, str) and drafter not in DRAFTERS:
+        raise ValueError(
+            f"drafter must be 'llma', 'prompt_lookup', 'draft_model' or a Drafter object, got {drafter!r}"
+        )
+    if isinstance(max_draft, bool) or not isinstance(max_draft, (int, np.integer)):
+        raise TypeError(f"max_draft must be an integer, got {type(max_draft).__name__}")
+    if max_draft < 1:  # 0 would draft nothing: autoregressive decoding at speculation's cost
+        raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+    refs = _references(tokenizer, references, n_prompts, vocab_size)
+    budget_types = "'auto', None, a DraftBudget or a CostModel"
+    if isinstance(draft_budget, str) and draft_budget != "auto":
+        raise ValueError(f"draft_budget must be {budget_types}, got {draft_budget!r}")
+    if not (draft_budget is None or isinstance(draft_budget, (str, DraftBudget, CostModel))):
+        raise TypeError(f"draft_budget must be {budget_types}, got {type(draft_budget).__name__}")
+    return int(max_draft), refs
+
+
 def speculative_sizes(prompt_lengths, *, max_new_tokens: int, max_draft: int, layout: str, slots: int):
     """``(usable draft length, cache slots per sequence)`` of a speculative call.
 
@@ -243,20 +301,18 @@ def prepare_speculative(
     >>> kw["drafter"].name, kw["max_draft"], kw["budget"]
     ('llma', 3, None)
     """
-    if isinstance(max_draft, bool) or not isinstance(max_draft, (int, np.integer)):
-        raise TypeError(f"max_draft must be an integer, got {type(max_draft).__name__}")
-    if max_draft < 1:  # 0 would draft nothing: autoregressive decoding at speculation's cost
-        raise ValueError(f"max_draft must be >= 1, got {max_draft}")
-    usable = max(1, min(int(max_draft), int(max_new_tokens)))  # a longer draft is never used
+    vocab_size = None if model is None else model.config.vocab_size
+    max_draft, refs = check_speculative_arguments(
+        tokenizer, len(prompt_ids), drafter=drafter, max_draft=max_draft, references=references,
+        draft_budget=draft_budget, vocab_size=vocab_size,
+    )  # fmt: skip
+    usable = max(1, min(max_draft, int(max_new_tokens)))  # a longer draft is never used
     d = make_drafter(drafter, model, max_draft=usable)
     if isinstance(d, DraftModelDrafter) and d.model.config.vocab_size != model.config.vocab_size:
         raise ValueError(
             f"the draft model's vocabulary ({d.model.config.vocab_size}) differs from the target's "
             f"({model.config.vocab_size})"
         )
-    refs = _references(  # ids outside the vocabulary fail here, not in the drafter's forward
-        tokenizer, references, len(prompt_ids), None if model is None else model.config.vocab_size
-    )
     if model is not None:
         n = len(prompt_ids)
         slots = n if max_batch is None else min(int(max_batch), n)
@@ -265,9 +321,7 @@ def prepare_speculative(
             layout=layout, slots=slots, sampled=sampling is not None and not sampling.greedy, drafter=d,
         )  # fmt: skip
         check_memory(parts, _what(n, slots, max_new_tokens, max_draft, layout))
-    return dict(
-        drafter=d, max_draft=int(max_draft), references=refs, budget=_draft_budget(draft_budget, model, d)
-    )
+    return dict(drafter=d, max_draft=max_draft, references=refs, budget=_draft_budget(draft_budget, model, d))
 
 
 @dataclass

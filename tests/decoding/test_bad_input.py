@@ -74,6 +74,49 @@ def test_generate_names_the_bad_argument(tiny64, prompts, kwargs, exc, match):
         generate(model, tok, prompts, max_new_tokens=2, **kwargs)
 
 
+@pytest.mark.parametrize("method", ["autoregressive", "ems"])
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        (
+            {"drafter": "foo"},
+            ValueError,
+            r"^drafter must be 'llma', 'prompt_lookup', 'draft_model' or a Drafter",
+        ),
+        ({"drafter": 5}, TypeError, r"^drafter must be a drafter's name or a Drafter object, got int"),
+        ({"max_draft": -5}, ValueError, r"^max_draft must be >= 1, got -5"),
+        ({"max_draft": 2.5}, TypeError, r"^max_draft must be an integer, got float"),
+        ({"draft_budget": "bogus"}, ValueError, r"^draft_budget must be 'auto', None, .*got 'bogus'"),
+        ({"draft_budget": 3}, TypeError, r"^draft_budget must be 'auto', None, .*got int"),
+        (
+            {"references": ["a", "b"]},
+            ValueError,
+            r"^references must be a list with one entry per prompt \(1\)",
+        ),
+        ({"references": [[1, 70000]]}, ValueError, r"^references\[0\] has token ids outside"),
+        ({"references": [None]}, TypeError, r"^references\[0\] must be a str or a list of token ids"),
+    ],
+)
+def test_speculative_options_are_checked_whatever_the_method(tiny64, method, kwargs, exc, match):
+    # with the default method="autoregressive" they went unchecked (and unused)
+    model, tok = tiny64
+    with pytest.raises(exc, match=match):
+        generate(model, tok, "the cat", max_new_tokens=2, method=method, **kwargs)
+
+
+def test_valid_speculative_options_are_ignored_by_autoregressive_decoding(tiny64):
+    from decoding.drafters import PromptLookupDrafter
+
+    model, tok = tiny64
+    ref = generate(model, tok, ["the cat", "a hat"], max_new_tokens=4)
+    for kw in (
+        {"drafter": "draft_model", "max_draft": np.int64(2), "draft_budget": None},
+        {"drafter": PromptLookupDrafter(copy_len=3), "references": ["the cat sat", [1, 2, 3]]},
+    ):
+        res = generate(model, tok, ["the cat", "a hat"], max_new_tokens=4, **kw)
+        assert res.tokens == ref.tokens and res.method == "autoregressive"
+
+
 @pytest.mark.parametrize("max_new_tokens", [np.int16(32767), np.int32(2**31 - 1), np.int64(2**63 - 1)])
 def test_a_numpy_max_new_tokens_does_not_overflow_the_context_check(tiny64, max_new_tokens):
     # len(prompt) + max_new_tokens wrapped around in the NumPy type: a warning, or no error at all

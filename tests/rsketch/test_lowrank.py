@@ -96,6 +96,28 @@ def test_error_estimate_is_an_upper_bound_and_adaptive_meets_tol():
     assert Q.shape[1] <= 39 + 10 + 10
 
 
+@pytest.mark.parametrize("passes", [1, 2, 3])
+@pytest.mark.parametrize("block_size", [1, 3, 10])
+def test_adaptive_range_finder_stops_at_rounding_with_an_orthonormal_basis(passes, block_size):
+    # An exactly rank-6 A and a tolerance below rounding: once range(A) is in Q a new block is noise.
+    # It used to be appended (||Q.T Q - I|| = 33, an estimate of 5e-13 where the error was 1.7e3).
+    rng = np.random.default_rng(5)
+    B = rng.standard_normal((80, 6)) @ rng.standard_normal((6, 50))
+    res = range_finder(B, 50, tol=1e-14, block_size=block_size, passes=passes, seed=0)
+    Q = res.Q
+    assert Q.shape[1] == 6 and np.linalg.norm(Q.T @ Q - np.eye(6), 2) <= 1e-14
+    norm = np.linalg.norm(B, 2)
+    assert np.linalg.norm(B - Q @ (Q.T @ B), 2) <= 1e-12 * norm and res.error_estimate <= 1e-10 * norm
+    # A smooth decay with power rounds: each block iterates on the deflated (I - Q Q.T) A. On A
+    # itself a power round returned to the leading directions, Q held them, and the search stopped
+    # at 53 columns with the error at 5e-4 (sigma_53 = 4e-4, tol 1.8e-11).
+    A = rng.standard_normal((300, 200)) * np.exp(-np.arange(200) / 5)
+    tol = 1e-12 * np.linalg.norm(A, 2)
+    Q = range_finder(A, 200, tol=tol, block_size=block_size, passes=passes, seed=0).Q
+    assert np.linalg.norm(Q.T @ Q - np.eye(Q.shape[1]), 2) <= 1e-14
+    assert np.linalg.norm(A - Q @ (Q.T @ A), 2) <= tol and Q.shape[1] <= 160
+
+
 def test_block_krylov_beats_subspace_iteration_at_equal_passes_on_a_slow_decay():
     s = 1 / np.sqrt(np.arange(1, 201))
     A = matrix_with_spectrum(600, 200, s, seed=5)

@@ -882,6 +882,36 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
 
 
 # ------------------------------------------------------------------------------------------ Nyström
+#: A negative eigenvalue of ``Omega.T A Omega`` (relative to ``Omega.T Omega``) is rounding, not
+#: indefiniteness, down to ``-PSD_ROUNDING n u`` times the largest: the products' rounding is of order
+#: ``n u ||A||``, and Tropp et al.'s shift ``sqrt(n) u ||Y||`` can fall short of it (a float32 rank-one
+#: ``X.T X`` of 40 columns had ``-5e-7`` of the largest, 4 ``u``, and was refused as indefinite).
+PSD_ROUNDING = 10.0
+
+
+def _psd_core(cross, omega_gram, nu, n, caller):
+    """``(C, nu)``: the upper Cholesky factor ``C`` of ``cross + nu omega_gram`` (``cross = Omega.T A
+    Omega``, symmetric; ``omega_gram = Omega.T Omega``), the stable Nyström method's core, and the
+    shift used. Where the Cholesky fails on eigenvalues within rounding of zero (see
+    :data:`PSD_ROUNDING`), the shift grows past them (any shift is exact in exact arithmetic; it only
+    hides eigenvalues below it, rounding here); where one is below that, ``A`` is not PSD: a
+    ``ValueError`` with the eigenvalue."""
+    for _ in range(2):
+        try:
+            return scipy.linalg.cholesky(cross + nu * omega_gram, lower=False, check_finite=False), nu
+        except np.linalg.LinAlgError:
+            w = scipy.linalg.eigvalsh(cross, omega_gram, check_finite=False)
+        eps = np.finfo(cross.dtype).eps
+        if not w[0] >= -PSD_ROUNDING * n * eps * max(w[-1], 0.0):
+            break
+        nu = max(2 * nu, nu + 2 * abs(w[0]) + n * eps * max(w[-1], 0.0))
+    raise ValueError(
+        f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} relative to "
+        f"Omega.T Omega (largest {w[-1]:.3g}); {caller} needs a PSD matrix"
+        + (" (use eigh for an indefinite one)" if caller == "nystrom" else "")
+    )
+
+
 def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     """Randomized Nyström approximation of a positive semi-definite ``A`` (numerically stable form).
 
@@ -929,19 +959,14 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     S = _draw(sketch, n, width, seed_sequence(seed).spawn(1)[0], dtype)
     Omega = _orth(np.array(S.to_dense().T, dtype=dtype))
     Y = _matmat(A, Omega)
+    if not Y.any():  # A Omega = 0: the approximation is zero (for a PSD A, A = 0 on range(Omega))
+        return NystromResult(Omega, np.zeros(width, dtype), 0.0)
     eps = np.finfo(dtype).eps
     nu = math.sqrt(n) * eps * float(np.linalg.norm(Y, 2))
+    cross = Omega.T @ Y
+    cross = (cross + cross.T) / 2
+    C, nu = _psd_core(cross, np.eye(width, dtype=dtype), nu, n, "nystrom")
     Y_nu = Y + nu * Omega
-    core = Omega.T @ Y_nu
-    core = (core + core.T) / 2
-    try:
-        C = scipy.linalg.cholesky(core, lower=False, check_finite=False)
-    except np.linalg.LinAlgError:
-        w = scipy.linalg.eigvalsh(core - nu * np.eye(width), check_finite=False)
-        raise ValueError(
-            f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} "
-            f"(largest {w[-1]:.3g}); nystrom needs a PSD matrix (use eigh for an indefinite one)"
-        ) from None
     B = scipy.linalg.solve_triangular(C, Y_nu.T, trans="T", lower=False, check_finite=False).T
     U, sigma, _ = scipy.linalg.svd(B, full_matrices=False, check_finite=False)
     lam = np.maximum(sigma**2 - nu, 0.0).astype(dtype, copy=False)

@@ -26,7 +26,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from rsketch._validation import check_int, check_real, check_seed, seed_sequence
 from rsketch.linalg._gram import GramOperator, sketch_matrix
-from rsketch.linalg._lowrank import NystromResult, _check_matrix, _cholqr_limit, nystrom
+from rsketch.linalg._lowrank import NystromResult, _check_matrix, _cholqr_limit, _psd_core, nystrom
 from rsketch.linalg._results import ConvergenceWarning
 from rsketch.operators import make_sketch
 
@@ -311,8 +311,12 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         cross[new, :l] = cross[:l, new].T
         YtY[new, :l] = YtY[:l, new].T
         l = width
+        # Tropp et al.'s shift sqrt(n) u ||Y||, with ||Y||_F for ||Y||_2 (an upper bound, no SVD)
         nu = math.sqrt(n) * np.finfo(dtype).eps * math.sqrt(max(float(np.trace(YtY[:l, :l])), 0.0))
-        C_nu = _stable_core(cross[:l, :l], omega_gram[:l, :l], nu)
+        if nu == 0:  # A Omega = 0: for a PSD A the approximation is zero (the preconditioner, I)
+            return NystromResult(np.zeros((n, l), dtype), np.zeros(l, dtype), 0.0), l
+        core = (cross[:l, :l] + cross[:l, :l].T) / 2
+        C_nu, nu = _psd_core(core, omega_gram[:l, :l], nu, n, "nystrom_pcg")
         gram = YtY[:l, :l] + nu * (cross[:l, :l] + cross[:l, :l].T) + nu**2 * omega_gram[:l, :l]
         half = scipy.linalg.solve_triangular(C_nu, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
         BtB = scipy.linalg.solve_triangular(C_nu, half.T, trans="T", check_finite=False)
@@ -406,22 +410,6 @@ def _add_transpose(out, scale, M):
         return
     T = M.tocoo()
     np.add.at(out, (T.col, T.row), scale * T.data)
-
-
-def _stable_core(cross, omega_gram, nu):
-    """The Cholesky factor ``C`` (upper) of ``Omega.T (Y + nu Omega) = Omega.T Y + nu Omega.T Omega``,
-    from ``cross = Omega.T Y`` and ``omega_gram = Omega.T Omega``; Tropp et al. (2017)'s shift
-    ``nu`` is ``sqrt(n) eps ||Y||_F`` (Frobenius: an upper bound of the spectral norm, no SVD).
-    Then ``B B.T``, with ``B = Y_nu C^-1``, is the Nyström approximation of ``A + nu I``."""
-    core = (cross + cross.T) / 2 + nu * omega_gram
-    try:
-        return np.linalg.cholesky(core).T
-    except np.linalg.LinAlgError:
-        w = scipy.linalg.eigvalsh(cross, omega_gram, check_finite=False)
-        raise ValueError(
-            f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} "
-            f"(largest {w[-1]:.3g}) relative to Omega.T Omega; nystrom_pcg needs a PSD matrix"
-        ) from None
 
 
 def _pcg(A, mu, b, P_inv, tol, max_iter, callback):

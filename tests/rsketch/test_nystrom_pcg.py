@@ -211,6 +211,35 @@ def test_bad_input_and_max_iter_warning():
     assert not res.converged
 
 
+def test_a_zero_or_rounding_level_psd_matrix_is_psd():
+    # A Omega = 0: the approximation is zero and the preconditioner the identity (the shift was zero
+    # and the Cholesky of a zero core failed, reported as "not PSD, eigenvalue 0").
+    res = nystrom_pcg(np.zeros((5, 5)), np.ones(5), 2.0, seed=0)
+    assert res.converged and np.array_equal(res.x, np.full(5, 0.5))
+    assert not nystrom(np.zeros((5, 5)), 2, seed=0).eigenvalues.any()
+    # A float32 X.T X of rank one: eigenvalues of -5e-7 of the largest (4 u) are rounding, not
+    # indefiniteness; 3 of 5 seeds were refused.
+    for seed in range(10):
+        X = np.random.default_rng(seed).standard_normal((1, 40)).astype(np.float32)
+        A = X.T @ X
+        res = nystrom_pcg(A, np.ones(40, np.float32), 1.0, seed=seed)
+        ref = np.linalg.solve(A.astype(np.float64) + np.eye(40), np.ones(40))
+        assert res.converged and np.abs(res.x - ref).max() <= 1e-5
+    # A negative eigenvalue beyond rounding is still refused, with its value.
+    with pytest.raises(ValueError, match=r"eigenvalue -1 relative to Omega.T Omega \(largest 3\)"):
+        nystrom_pcg(np.diag([3.0, 2.0, -1.0, 0.5]), np.ones(4), 0.1, seed=0)
+
+
+def test_wide_ridge_on_a_constant_design_is_the_mean():
+    # Centred, X is zero: X.T X = 0 (it failed as "not positive semi-definite"); Ridge gives coef 0
+    # and the intercept mean(y), as for one sample.
+    for X, y in ((np.ones((10, 300)), np.arange(10.0)), (np.arange(300.0)[None], np.array([2.0]))):
+        ours = SketchedRidge(random_state=0).fit(X, y)
+        ref = Ridge().fit(X, y)
+        assert ours.solver_ == "nystrom_pcg" and not ours.coef_.any()
+        assert ours.intercept_ == pytest.approx(ref.intercept_, rel=1e-15)
+
+
 # ----------------------------------------------------------------------------- SketchedRidge, wide
 def random_fourier_features(n, p, d=5, bandwidth=2.0, seed=0):
     """``sqrt(2/p) cos(Z W + c)``: features of the Gaussian kernel, whose spectrum decays fast."""

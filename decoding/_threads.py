@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 
 import numpy as np
 
 _controller = None
+# BLAS's limit is process-wide: calls that overlap share one, set by the first to enter and undone
+# by the last to leave (threadpoolctl's nested limits undo in their own order, so a call that
+# left first put back the count it found while another still ran, and the other then restored
+# its "original" count, the limit).
+_limit_lock = threading.Lock()
+_limit_users = 0  # calls inside a limiting blas_threads(), all threads together
+_limiter = None  # threadpoolctl's limiter of the first of them
 
 
 def default_threads() -> int | None:
@@ -30,17 +38,43 @@ def default_threads() -> int | None:
 
 
 def blas_threads(n: int | None = -1):
-    """Context manager limiting BLAS to ``n`` threads (default: :func:`default_threads`; None: no limit)."""
-    global _controller
+    """Context manager limiting BLAS to ``n`` threads (default: :func:`default_threads`; None: no limit).
+
+    The limit is process-wide, so calls that overlap (from several threads, or nested) share it:
+    the first to enter sets it, and the last to leave restores the count found before the first;
+    meanwhile the first one's ``n`` holds.
+
+    Examples
+    --------
+    >>> with blas_threads(None):  # no limit: BLAS left as it is
+    ...     pass
+    """
     if n == -1:
         n = default_threads()
     if n is None:
         return contextlib.nullcontext()
-    if _controller is None:  # threadpoolctl is imported (and scans the loaded BLAS) on first use only
-        from threadpoolctl import ThreadpoolController
+    return _shared_limit(n)
 
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=n, user_api="blas")
+
+@contextlib.contextmanager
+def _shared_limit(n: int):
+    global _controller, _limit_users, _limiter
+    with _limit_lock:
+        if _limit_users == 0:
+            if _controller is None:  # threadpoolctl is imported (and scans the loaded BLAS) on first use
+                from threadpoolctl import ThreadpoolController
+
+                _controller = ThreadpoolController()
+            _limiter = _controller.limit(limits=n, user_api="blas")
+        _limit_users += 1
+    try:
+        yield
+    finally:
+        with _limit_lock:
+            _limit_users -= 1
+            if _limit_users == 0:
+                _limiter.restore_original_limits()
+                _limiter = None
 
 
 # -- numba's threads ------------------------------------------------------------------------------

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -127,6 +131,77 @@ def test_the_engine_leaves_the_blas_thread_count_as_found(tiny64, tiny_path, mon
         with _threads.blas_threads():
             assert blas_thread_counts() == [1] * len(before)
         assert blas_thread_counts() == before
+
+
+# Run in a fresh interpreter, every BLAS call from worker threads: this process's OpenBLAS ignores a
+# worker thread's openblas_set_num_threads once the main thread has called it (as the test above
+# does), so the limit could not be observed here.
+OVERLAP = """
+import sys, threading
+import numpy as np
+from decoding import api, generate, load_model
+from tests.blas_watch import blas_thread_counts
+
+seen, errors, loaded = {}, [], []
+a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+real = api.autoregressive_generate
+
+def choreographed(model, tokenizer, **kw):  # runs inside generate's blas_threads()
+    if threading.current_thread().name == "A":
+        a_in.set()
+        assert b_in.wait(60)
+    else:
+        b_in.set()
+        assert a_done.wait(60)
+        seen["B after A"] = blas_thread_counts()
+    return real(model, tokenizer, **kw)
+
+def run(n):
+    try:
+        if n is None:
+            loaded.extend(load_model(sys.argv[1], dtype=np.float64))
+        else:
+            generate(*loaded, [[1, 2, 3]], max_new_tokens=n)
+    except BaseException as e:
+        errors.append(repr(e))
+    finally:
+        if n == 10:
+            a_done.set()
+
+t = threading.Thread(target=run, args=(None,))
+t.start(); t.join()
+seen["before"] = blas_thread_counts()
+api.autoregressive_generate = choreographed
+a = threading.Thread(target=run, args=(10,), name="A")
+b = threading.Thread(target=run, args=(40,), name="B")
+a.start()
+a_in.wait(60)
+b.start()
+a.join(); b.join()
+seen["after"] = blas_thread_counts()
+print(repr((seen, errors)))
+"""
+
+
+def test_overlapping_calls_restore_the_blas_thread_count(tiny_path, monkeypatch):
+    """Thread A generates, B starts while A runs, A finishes first: the opt-in limit holds until B
+    finishes, and then the count from before both is back (OpenBLAS stayed at 1 thread for good)."""
+    monkeypatch.setenv("DECODING_BLAS_THREADS", "1")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", OVERLAP, str(tiny_path[0])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen, errors = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert errors == []
+    if max(seen["before"], default=1) == 1:
+        pytest.skip("BLAS runs on one thread here: a limit of 1 changes nothing")
+    assert seen["B after A"] == [1] * len(seen["before"])  # the limit holds while B runs
+    assert seen["after"] == seen["before"]  # and is undone when the last call leaves
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])

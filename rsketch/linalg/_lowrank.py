@@ -861,12 +861,7 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
     m, n = A.shape
     if m != n:
         raise ValueError(f"A must be square for eigh, got shape {A.shape}")
-    if not isinstance(A, LinearOperator):
-        D = A - A.T
-        asym = scipy.sparse.linalg.norm(D) if sp.issparse(D) else np.linalg.norm(D)
-        size = scipy.sparse.linalg.norm(A) if sp.issparse(A) else np.linalg.norm(A)
-        if asym > 1e-10 * size:
-            raise ValueError(f"A must be symmetric: ||A - A.T||_F / ||A||_F = {asym / size:.3g}")
+    check_symmetric(A)
     rank = _check_rank(rank, m, n)
     found = _find_range(A, dtype, rank, sketch, oversample, passes, "subspace", None, 10, False, seed)
     Q = found.Q
@@ -882,6 +877,35 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
 
 
 # ------------------------------------------------------------------------------------------ Nyström
+#: Rows of a dense ``A`` per block of :func:`check_symmetric`'s sums (8 MB at ``n = 10,000``): the
+#: check allocates no ``n x n`` ``A - A.T``.
+SYMMETRY_BLOCK_BYTES = 8 << 20
+
+
+def check_symmetric(A, name="A"):
+    """``ValueError`` unless ``||A - A.T||_F <= max(1e-10, 100 u) ||A||_F`` for a dense or sparse
+    square ``A`` (a LinearOperator is taken at its word): the methods for symmetric matrices read
+    only products ``A V`` and would return a wrong answer for any other. The bound leaves room for
+    a product's rounding (a float32 ``X.T @ X`` from GEMM is symmetric to ``O(u)``, not exactly)."""
+    if isinstance(A, LinearOperator):
+        return
+    if sp.issparse(A):
+        asym, size = scipy.sparse.linalg.norm(A - A.T), scipy.sparse.linalg.norm(A)
+    else:
+        n = A.shape[0]
+        rows = max(1, SYMMETRY_BLOCK_BYTES // max(1, n * A.itemsize))
+        asym2 = size2 = 0.0
+        for a in range(0, n, rows):
+            block = A[a : a + rows]
+            asym2 += float(np.sum((block - A[:, a : a + rows].T) ** 2, dtype=np.float64))
+            size2 += float(np.sum(np.square(block, dtype=np.float64)))
+        asym, size = math.sqrt(asym2), math.sqrt(size2)
+    if asym > max(1e-10, 100 * np.finfo(A.dtype).eps) * size:
+        raise ValueError(
+            f"{name} must be symmetric: ||{name} - {name}.T||_F / ||{name}||_F = {asym / size:.3g}"
+        )
+
+
 #: A negative eigenvalue of ``Omega.T A Omega`` (relative to ``Omega.T Omega``) is rounding, not
 #: indefiniteness, down to ``-PSD_ROUNDING n u`` times the largest: the products' rounding is of order
 #: ``n u ||A||``, and Tropp et al.'s shift ``sqrt(n) u ||Y||`` can fall short of it (a float32 rank-one
@@ -952,6 +976,7 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     m, n = A.shape
     if m != n:
         raise ValueError(f"A must be square for nystrom, got shape {A.shape}")
+    check_symmetric(A)
     rank = _check_rank(rank, m, n)
     oversample = check_int(oversample, "oversample", minimum=0)
     check_seed(seed)

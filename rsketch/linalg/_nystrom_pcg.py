@@ -26,7 +26,14 @@ from scipy.sparse.linalg import LinearOperator
 
 from rsketch._validation import check_int, check_real, check_seed, seed_sequence
 from rsketch.linalg._gram import GramOperator, sketch_matrix
-from rsketch.linalg._lowrank import NystromResult, _check_matrix, _cholqr_limit, _psd_core, nystrom
+from rsketch.linalg._lowrank import (
+    NystromResult,
+    _check_matrix,
+    _cholqr_limit,
+    _psd_core,
+    check_symmetric,
+    nystrom,
+)
 from rsketch.linalg._results import ConvergenceWarning
 from rsketch.operators import make_sketch
 
@@ -171,6 +178,7 @@ def nystrom_pcg(
     n = A.shape[0]
     if A.shape != (n, n):
         raise ValueError(f"A must be square, got shape {A.shape}")
+    check_symmetric(A)
     mu = check_real(mu, "mu")
     if not (math.isfinite(mu) and mu > 0):
         raise ValueError(

@@ -195,6 +195,28 @@ def test_nystrom_error_against_its_bound_and_exact_recovery():
     assert np.all(exact.eigenvalues >= 0)
 
 
+@pytest.mark.parametrize("fmt", ["dense", "csr"])
+def test_methods_for_symmetric_matrices_refuse_a_nonsymmetric_one(fmt, monkeypatch):
+    from rsketch.linalg import _lowrank
+
+    monkeypatch.setattr(_lowrank, "SYMMETRY_BLOCK_BYTES", 64)  # several blocks of rows
+    A = np.triu(np.ones((6, 6)))
+    A = sp.csr_matrix(A) if fmt == "csr" else A
+    for call in (lambda: nystrom(A, 2), lambda: eigh(A, 2), lambda: rsketch.nystrom_pcg(A, np.ones(6), 1.0)):
+        with pytest.raises(ValueError, match=r"A must be symmetric: \|\|A - A.T\|\|_F / \|\|A\|\|_F = 1.2"):
+            call()
+    # The blocked sums give the whole array's norms: sqrt(2) 0.1 / sqrt(6.01) = 0.0577 here.
+    B = np.eye(6)
+    B[0, 1] = 0.1
+    with pytest.raises(ValueError, match="= 0.0577"):
+        nystrom(B, 2)
+    # A float32 Gram symmetric to its rounding passes.
+    G = np.random.default_rng(0).standard_normal((60, 40)).astype(np.float32)
+    G = G.T @ G
+    G[3, 5] *= 1 + 1e-6
+    assert eigh(G, 3, seed=0).eigenvalues.dtype == np.float32
+
+
 def test_nystrom_refuses_a_matrix_that_is_not_psd_with_the_eigenvalue():
     A = np.diag([3.0, 2.0, -1.0, 0.5])
     with pytest.raises(ValueError, match=r"not positive semi-definite.*eigenvalue -"):

@@ -127,7 +127,8 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized", device="cpu") 
         ``"quantized"``: the weights stay as the file's Q4_1/Q8_0 blocks, their scales widened to
         float32 (111 MB for SmolLM2-135M), and the computation is float32, the fastest path.
         ``numpy.float32``: every weight dequantized to float32 (538 MB), the reference of the
-        quantized path. ``numpy.float64``: dequantized to float64, for exact tests.
+        quantized path. ``numpy.float64``: dequantized to float64, for exact tests. Any other
+        value (``None`` included) raises ``ValueError``.
     device : {"cpu", "cuda"}, default "cpu"
         ``"cuda"``: the weights, the KV cache and every forward on the current CUDA device (CuPy, the
         portable array-API path; ``docs/gpu.md``); sampling and drafting stay on the host. Needs

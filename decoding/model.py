@@ -190,10 +190,16 @@ def _fuse(parts):
 def weight_dtype(dtype) -> tuple[bool, np.dtype]:
     """``(quantized, compute dtype)`` of a ``dtype`` argument of :meth:`Model.from_gguf`.
 
+    Exactly the documented values, ``"quantized"``, ``numpy.float32`` or ``numpy.float64`` (or their
+    ``numpy.dtype``); anything else is a ``ValueError`` naming ``dtype``: ``None`` too, which
+    ``numpy.dtype`` would read as float64, and ``5``, ``float`` or ``"float32"``.
+
     Examples
     --------
     >>> weight_dtype("quantized")
     (True, dtype('float32'))
+    >>> weight_dtype(np.float64)
+    (False, dtype('float64'))
     >>> weight_dtype("q4")
     Traceback (most recent call last):
     ...
@@ -201,9 +207,13 @@ def weight_dtype(dtype) -> tuple[bool, np.dtype]:
     """
     if isinstance(dtype, str) and dtype == "quantized":
         return True, np.dtype(np.float32)
-    if isinstance(dtype, str) or np.dtype(dtype) not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be 'quantized', numpy.float32 or numpy.float64, got {dtype!r}")
-    return False, np.dtype(dtype)
+    if (
+        dtype is np.float32
+        or dtype is np.float64
+        or (isinstance(dtype, np.dtype) and dtype in (np.float32, np.float64))
+    ):
+        return False, np.dtype(dtype)
+    raise ValueError(f"dtype must be 'quantized', numpy.float32 or numpy.float64, got {dtype!r}")
 
 
 def _prefetch_default() -> bool:

@@ -159,6 +159,29 @@ def test_tokenizer_encode_names_its_argument(tiny64):
         tok.encode(None)
 
 
+@pytest.mark.parametrize("dtype", [None, 5, float, "float32", np.int32, np.float16, np.dtype(">f8")])
+def test_load_model_takes_only_the_documented_dtypes(tiny_path, dtype):
+    # None loaded float64, 5 raised numpy's "Cannot interpret '5' as a data type", float was float64
+    from decoding import Model, load_model
+
+    match = r"^dtype must be 'quantized', numpy.float32 or numpy.float64, got "
+    with pytest.raises(ValueError, match=match):
+        load_model(tiny_path[0], dtype=dtype)
+    with pytest.raises(ValueError, match=match):
+        Model.from_gguf(tiny_path[0], dtype=dtype)
+
+
+def test_load_model_dtypes_that_are_fine(tiny_path):
+    from decoding import load_model
+
+    for dtype, want in (
+        (np.float32, np.float32),
+        (np.dtype(np.float64), np.float64),
+        ("quantized", np.float32),
+    ):
+        assert load_model(tiny_path[0], dtype=dtype).model.dtype == want
+
+
 # -- the command line ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("prompt", "match"),

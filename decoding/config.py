@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .gguf_reader import describe_value
+
 __all__ = ["LlamaConfig"]
 
 
@@ -65,8 +67,20 @@ class LlamaConfig:
 
     @classmethod
     def from_metadata(cls, md: dict) -> LlamaConfig:
-        """Build from GGUF metadata; raises ``ValueError`` naming any missing or ill-typed key."""
+        """Build from GGUF metadata; raises ``ValueError`` naming any missing or ill-typed key.
+
+        Examples
+        --------
+        >>> md = {"general.architecture": "llama", "llama.attention.head_count": 4,
+        ...       "llama.vocab_size": "abc"}
+        >>> LlamaConfig.from_metadata(md)
+        Traceback (most recent call last):
+        ...
+        ValueError: GGUF metadata 'llama.vocab_size' must be an integer, got string 'abc'
+        """
         arch = md.get("general.architecture")
+        if arch is not None and not isinstance(arch, str):
+            raise ValueError(f"GGUF general.architecture must be a string, got {describe_value(arch)}")
         if arch != "llama":
             raise ValueError(f"GGUF general.architecture is {arch!r}; only 'llama' is supported")
 
@@ -78,17 +92,22 @@ class LlamaConfig:
                 raise ValueError(f"GGUF metadata lacks {full!r}")
             v = md[full]
             if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
-                raise ValueError(f"GGUF metadata {full!r} must be an integer, got {v!r}")
+                raise ValueError(f"GGUF metadata {full!r} must be an integer, got {describe_value(v)}")
             if kind is float and (not isinstance(v, (int, float)) or isinstance(v, bool)):
-                raise ValueError(f"GGUF metadata {full!r} must be a number, got {v!r}")
+                raise ValueError(f"GGUF metadata {full!r} must be a number, got {describe_value(v)}")
             return kind(v)
 
         n_heads = get("attention.head_count", int)
-        vocab = md.get("llama.vocab_size")
-        if vocab is None:
+        if "llama.vocab_size" in md:
+            vocab = get("vocab_size", int)  # a float such as 49152.7 is refused, not truncated
+        else:
             tokens = md.get("tokenizer.ggml.tokens")
             if tokens is None:
                 raise ValueError("GGUF metadata lacks llama.vocab_size and tokenizer.ggml.tokens")
+            if not isinstance(tokens, list):
+                raise ValueError(
+                    f"GGUF tokenizer.ggml.tokens must be an array of strings, got {describe_value(tokens)}"
+                )
             vocab = len(tokens)
         cfg = cls(
             n_layers=get("block_count", int),
@@ -96,12 +115,12 @@ class LlamaConfig:
             n_heads=n_heads,
             n_kv_heads=get("attention.head_count_kv", int, n_heads),
             d_ff=get("feed_forward_length", int),
-            vocab_size=int(vocab),
+            vocab_size=vocab,
             context_length=get("context_length", int),
             rope_theta=get("rope.freq_base", float, 10000.0),
             norm_eps=get("attention.layer_norm_rms_epsilon", float),
         )
-        rope_dims = md.get("llama.rope.dimension_count", cfg.head_dim)
+        rope_dims = get("rope.dimension_count", int, cfg.head_dim)
         if rope_dims != cfg.head_dim:
             raise ValueError(
                 f"llama.rope.dimension_count {rope_dims} != head_dim {cfg.head_dim} (partial RoPE)"

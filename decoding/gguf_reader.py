@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-__all__ = ["GGUFFile", "TensorInfo", "read_gguf", "dequantize", "SUPPORTED_TYPES"]
+__all__ = ["GGUFFile", "TensorInfo", "read_gguf", "dequantize", "describe_value", "SUPPORTED_TYPES"]
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -65,6 +65,36 @@ _NP_SCALARS = {
     GGUFValueType.INT64: "<i8",
     GGUFValueType.FLOAT64: "<f8",
 }
+
+
+def describe_value(v) -> str:
+    """A metadata value as :func:`read_gguf` gives it, in a few words for an error message.
+
+    Its GGUF kind (string, bool, integer, float, or array: a NumPy array of numbers, a list of
+    strings), and the value itself when it is a scalar (a long string is cut).
+
+    Examples
+    --------
+    >>> describe_value("abc"), describe_value(True), describe_value(49152.7)
+    ("string 'abc'", 'bool True', 'float 49152.7')
+    >>> describe_value(np.arange(3, dtype=np.int32)), describe_value(["a", "b"])
+    ('array of 3 int32', 'array of 2 strings')
+    """
+    if isinstance(v, np.ndarray):
+        return f"array of {v.size} {v.dtype}"
+    if isinstance(v, list):
+        return (
+            f"array of {len(v)} strings" if all(isinstance(x, str) for x in v) else f"array of {len(v)} items"
+        )
+    if isinstance(v, str):
+        return f"string {v[:40]!r}" + ("..." if len(v) > 40 else "")
+    if isinstance(v, bool):
+        return f"bool {v}"
+    if isinstance(v, int):
+        return f"integer {v}"
+    if isinstance(v, float):
+        return f"float {v!r}"
+    return f"{type(v).__name__} {v!r}"
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,46 @@ def test_wrong_architecture_and_missing_keys(tmp_path):
         LlamaConfig.from_metadata({"general.architecture": "llama"})
 
 
+V = gguf.GGUFValueType
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("llama.vocab_size", ("abc", V.STRING), r"'llama.vocab_size' must be an integer, got string 'abc'"),
+        (
+            "llama.vocab_size",
+            ([264, 264], V.ARRAY),
+            r"'llama.vocab_size' must be an integer, got array of 2 int32",
+        ),
+        ("llama.vocab_size", (264.7, V.FLOAT32), r"'llama.vocab_size' must be an integer, got float 264.7"),
+        ("llama.vocab_size", (True, V.BOOL), r"'llama.vocab_size' must be an integer, got bool True"),
+        (
+            "llama.rope.dimension_count",
+            ([8, 8], V.ARRAY),
+            r"'llama.rope.dimension_count' must be an integer, got array",
+        ),
+        (
+            "llama.rope.dimension_count",
+            ("8", V.STRING),
+            r"'llama.rope.dimension_count' must be an integer, got string '8'",
+        ),
+        (
+            "general.architecture",
+            (["llama"], V.ARRAY),
+            r"general.architecture must be a string, got array of 1 strings",
+        ),
+    ],
+)
+def test_ill_typed_config_metadata_is_named(tmp_path, key, value, match):
+    # int() of the value gave "invalid literal for int()" or "only 0-dimensional arrays", truncated
+    # 264.7, and an array or the string "8" failed in the comparison with head_dim
+    p = tmp_path / "bad.gguf"
+    write_tiny_llama(p, metadata={key: value})
+    with pytest.raises(ValueError, match=f"^GGUF {'metadata ' if key.startswith('llama') else ''}{match}"):
+        load_all(p)
+
+
 def test_non_finite_tensor_data_is_rejected(tiny_path, tmp_path):
     path, weights = tiny_path
     f = read_gguf(path)

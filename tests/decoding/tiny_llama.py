@@ -54,8 +54,13 @@ def write_tiny_llama(
     tensor_type=gguf.GGMLQuantizationType.F64,
     tied=True,
     scale=0.3,
+    metadata=None,
 ):
-    """Write a random llama GGUF; returns the dict of float64 weights (NumPy [out, in] shapes)."""
+    """Write a random llama GGUF; returns the dict of float64 weights (NumPy [out, in] shapes).
+
+    ``metadata``: ``{key: (value, GGUFValueType)}`` written instead of the usual value of ``key``
+    (or added), to make files whose metadata is corrupt.
+    """
     rng = np.random.default_rng(seed)
     tokens, merges, types = tiny_vocab()
     V = len(tokens)
@@ -79,6 +84,10 @@ def write_tiny_llama(
     w.add_bos_token_id(V - 3)
     w.add_eos_token_id(V - 1)
     w.add_chat_template(TINY_TEMPLATE)
+    for key, (value, vtype) in (metadata or {}).items():
+        for kv in w.kv_data:  # replaced, not duplicated
+            kv.pop(key, None)
+        w.add_key_value(key, value, vtype)
     weights = {"token_embd.weight": rng.normal(size=(V, d))}
     weights["output_norm.weight"] = 1 + 0.1 * rng.normal(size=d)
     if not tied:

@@ -24,6 +24,8 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
+from .gguf_reader import describe_value
+
 __all__ = ["Tokenizer", "ChatPrompt", "check_text", "check_token_ids"]
 
 # llama.cpp pre-tokenizer names whose regex begins with single digits (\p{N}), then the GPT-2 regex.
@@ -194,8 +196,24 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, md: dict) -> Tokenizer:
-        """Build from GGUF metadata; ``ValueError`` for an unsupported or inconsistent vocabulary."""
-        model = md.get("tokenizer.ggml.model")
+        """Build from GGUF metadata; ``ValueError`` for an unsupported or inconsistent vocabulary, or
+        a key of the wrong type (named, with the type expected).
+
+        Examples
+        --------
+        >>> Tokenizer.from_metadata({"tokenizer.ggml.model": ["gpt2"]})
+        Traceback (most recent call last):
+        ...
+        ValueError: GGUF tokenizer.ggml.model must be a string, got array of 1 strings
+        """
+
+        def check_type(key, kinds, expected, default=None):
+            v = md.get(key, default)
+            if v is not None and (not isinstance(v, kinds) or (kinds is not bool and isinstance(v, bool))):
+                raise ValueError(f"GGUF {key} must be {expected}, got {describe_value(v)}")
+            return v
+
+        model = check_type("tokenizer.ggml.model", str, "a string")
         if model != "gpt2":
             raise ValueError(f"tokenizer.ggml.model {model!r} not supported (only byte-level BPE 'gpt2')")
         tokens = md.get("tokenizer.ggml.tokens")
@@ -204,8 +222,13 @@ class Tokenizer:
             raise ValueError("GGUF tokenizer.ggml.tokens must be a non-empty list of strings")
         if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
             raise ValueError("GGUF tokenizer.ggml.merges must be a list of strings")
-        types = md.get("tokenizer.ggml.token_type")
-        types = np.ones(len(tokens), dtype=np.int64) if types is None else np.asarray(types)
+        types = check_type("tokenizer.ggml.token_type", np.ndarray, "an array of integers")
+        if types is None:
+            types = np.ones(len(tokens), dtype=np.int64)
+        elif types.dtype.kind not in "iu":  # strings matched no type: every special token was lost
+            raise ValueError(
+                f"GGUF tokenizer.ggml.token_type must be an array of integers, got {describe_value(types)}"
+            )
         if types.shape != (len(tokens),):
             raise ValueError(f"tokenizer.ggml.token_type has {types.size} entries for {len(tokens)} tokens")
         vocab = {}
@@ -222,7 +245,7 @@ class Tokenizer:
         except Exception as e:  # the tokenizers package raises its own exception types
             raise ValueError(f"GGUF vocabulary and merges do not form a BPE model: {e}") from e
         hf = _HFTokenizer(bpe)
-        pre = md.get("tokenizer.ggml.pre", "default")
+        pre = check_type("tokenizer.ggml.pre", str, "a string", "default")
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         if pre in _DIGIT_SPLIT:
             hf.pre_tokenizer = pre_tokenizers.Sequence(
@@ -243,11 +266,9 @@ class Tokenizer:
             raise ValueError(f"tokenizer has {n} ids for {len(tokens)} GGUF tokens (duplicates?)")
 
         def tok_id(key):
-            v = md.get(key)
-            if v is None:
-                return None
-            if not isinstance(v, int) or not 0 <= v < len(tokens):
-                raise ValueError(f"GGUF {key} {v!r} is not a token id")
+            v = check_type(key, int, "an integer token id")  # a bool is not taken as id 0 or 1
+            if v is not None and not 0 <= v < len(tokens):
+                raise ValueError(f"GGUF {key} {v} is not a token id (the vocabulary has {len(tokens)})")
             return v
 
         return cls(
@@ -255,8 +276,8 @@ class Tokenizer:
             bos_id=tok_id("tokenizer.ggml.bos_token_id"),
             eos_id=tok_id("tokenizer.ggml.eos_token_id"),
             eot_id=tok_id("tokenizer.ggml.eot_token_id"),
-            add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
-            chat_template=md.get("tokenizer.chat_template"),
+            add_bos=check_type("tokenizer.ggml.add_bos_token", bool, "a bool", False),
+            chat_template=check_type("tokenizer.chat_template", str, "a string"),
             id_to_token=list(tokens),
         )
 

@@ -163,6 +163,61 @@ def test_ill_typed_config_metadata_is_named(tmp_path, key, value, match):
         load_all(p)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        (
+            "tokenizer.ggml.pre",
+            (["smollm"], V.ARRAY),
+            "tokenizer.ggml.pre must be a string, got array of 1 strings",
+        ),
+        (
+            "tokenizer.ggml.model",
+            ([1, 2], V.ARRAY),
+            "tokenizer.ggml.model must be a string, got array of 2 int32",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            (True, V.BOOL),
+            "tokenizer.ggml.eos_token_id must be an integer token id, got bool",
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            ("1", V.STRING),
+            "tokenizer.ggml.bos_token_id must be an integer token id, got string",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            (264, V.UINT32),
+            r"tokenizer.ggml.eos_token_id 264 is not a token id \(the vocabulary has 264\)",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            (["3"] * 264, V.ARRAY),
+            "tokenizer.ggml.token_type must be an array of integers, got array of 264 strings",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            ([True] * 264, V.ARRAY),
+            "tokenizer.ggml.token_type must be an array of integers, got array of 264 bool",
+        ),
+        (
+            "tokenizer.ggml.add_bos_token",
+            ("false", V.STRING),
+            "tokenizer.ggml.add_bos_token must be a bool, got string 'false'",
+        ),
+        ("tokenizer.chat_template", (5, V.INT32), "tokenizer.chat_template must be a string, got integer 5"),
+    ],
+)
+def test_ill_typed_tokenizer_metadata_is_named(tmp_path, key, value, match):
+    # an array pre was "unhashable type: 'list'", a BOOL eos id was token 1, string token types
+    # silently dropped every special token, and the string "false" turned add_bos on
+    p = tmp_path / "bad.gguf"
+    write_tiny_llama(p, metadata={key: value})
+    with pytest.raises(ValueError, match=f"^GGUF {match}"):
+        Tokenizer.from_metadata(read_gguf(p).metadata)
+
+
 def test_non_finite_tensor_data_is_rejected(tiny_path, tmp_path):
     path, weights = tiny_path
     f = read_gguf(path)

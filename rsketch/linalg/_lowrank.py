@@ -274,6 +274,14 @@ def _cholqr_limit(dtype) -> float:
     return CHOLQR_MAX_COND if dtype == np.float64 else 1e2
 
 
+def _overflow(name="A"):
+    """The error for products of a finite ``A`` that are not finite (or a LinearOperator's NaN)."""
+    return ValueError(
+        f"products with {name} are not finite: its entries are too large for their sums (or a "
+        f"LinearOperator returned NaN/inf); scale {name}, for example by a power of two near 1 / max|{name}|"
+    )
+
+
 def _orth(Y, scratch=None):
     """Orthonormal basis of ``range(Y)``, in ``Y``'s precision, written into ``Y`` (a temporary)
     unless Householder's fallback returns a new array.
@@ -294,8 +302,15 @@ def _orth(Y, scratch=None):
         scratch = np.empty_like(Y, order="F" if fortran else "C")
     source, target = Y, scratch
     for _ in range(2):
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is handled here
+            G = source.T @ source
+        if not np.isfinite(G).all():  # only the range matters: scaled by a power of two (exact)
+            if not np.isfinite(source).all():
+                raise _overflow()
+            source *= np.ldexp(1.0, -int(np.frexp(np.abs(source).max())[1]))
+            G = source.T @ source
         try:
-            L = np.linalg.cholesky(source.T @ source)
+            L = np.linalg.cholesky(G)
         except np.linalg.LinAlgError:
             break
         if not np.linalg.cond(L) <= limit:  # the l x l triangle's SVD; also catches NaN
@@ -336,7 +351,14 @@ class _Probes:
 
     def estimate(self, approx):
         R = self.AW - approx(self.W, self.AW)  # in A's library (on its device for CuPy)
-        return float(10 * math.sqrt(2 / math.pi) * column_norms(R).max())
+        norms = column_norms(R)
+        if not np.isfinite(norms).all():  # squares beyond the range (entries from 1e154): scaled
+            R = to_host(R)
+            if not np.isfinite(R).all():
+                raise _overflow()
+            scale = float(np.abs(R).max())
+            norms = scale * column_norms(R / scale)
+        return float(10 * math.sqrt(2 / math.pi) * norms.max())
 
 
 # ------------------------------------------------------------------------------------ range finder
@@ -882,6 +904,10 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
 SYMMETRY_BLOCK_BYTES = 8 << 20
 
 
+def _nrm2(x):
+    return float(scipy.linalg.blas.get_blas_funcs("nrm2", (x,))(x))
+
+
 def check_symmetric(A, name="A"):
     """``ValueError`` unless ``||A - A.T||_F <= max(1e-10, 100 u) ||A||_F`` for a dense or sparse
     square ``A`` (a LinearOperator is taken at its word): the methods for symmetric matrices read
@@ -894,12 +920,11 @@ def check_symmetric(A, name="A"):
     else:
         n = A.shape[0]
         rows = max(1, SYMMETRY_BLOCK_BYTES // max(1, n * A.itemsize))
-        asym2 = size2 = 0.0
-        for a in range(0, n, rows):
+        asym = size = 0.0
+        for a in range(0, n, rows):  # BLAS nrm2 (scaled, no overflow) per block, combined by hypot
             block = A[a : a + rows]
-            asym2 += float(np.sum((block - A[:, a : a + rows].T) ** 2, dtype=np.float64))
-            size2 += float(np.sum(np.square(block, dtype=np.float64)))
-        asym, size = math.sqrt(asym2), math.sqrt(size2)
+            asym = math.hypot(asym, _nrm2((block - A[:, a : a + rows].T).ravel()))
+            size = math.hypot(size, _nrm2(block.ravel()))
     if asym > max(1e-10, 100 * np.finfo(A.dtype).eps) * size:
         raise ValueError(
             f"{name} must be symmetric: ||{name} - {name}.T||_F / ||{name}||_F = {asym / size:.3g}"
@@ -984,8 +1009,14 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     S = _draw(sketch, n, width, seed_sequence(seed).spawn(1)[0], dtype)
     Omega = _orth(np.array(S.to_dense().T, dtype=dtype))
     Y = _matmat(A, Omega)
+    if not np.isfinite(Y).all():
+        raise _overflow()
     if not Y.any():  # A Omega = 0: the approximation is zero (for a PSD A, A = 0 on range(Omega))
         return NystromResult(Omega, np.zeros(width, dtype), 0.0)
+    # The method is homogeneous in A: Y of the scaled 2^-e A (exact), with |Y| up to one, keeps the
+    # core's products in range whatever A's scale (entries near 1e308 overflowed in Omega.T Y).
+    e = int(np.frexp(np.abs(Y).max())[1])
+    Y = np.ldexp(Y, -e)
     eps = np.finfo(dtype).eps
     nu = math.sqrt(n) * eps * float(np.linalg.norm(Y, 2))
     cross = Omega.T @ Y
@@ -994,5 +1025,11 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     Y_nu = Y + nu * Omega
     B = scipy.linalg.solve_triangular(C, Y_nu.T, trans="T", lower=False, check_finite=False).T
     U, sigma, _ = scipy.linalg.svd(B, full_matrices=False, check_finite=False)
-    lam = np.maximum(sigma**2 - nu, 0.0).astype(dtype, copy=False)
-    return NystromResult(U, lam, nu)
+    lam = np.maximum(sigma**2 - nu, 0.0)
+    with np.errstate(over="ignore"):
+        scaled = np.ldexp(lam, e).astype(dtype, copy=False)
+    if not np.isfinite(scaled).all():
+        raise ValueError(
+            f"A's largest eigenvalue, about {lam.max():.3g} * 2^{e}, exceeds the {dtype.name} range: scale A"
+        )
+    return NystromResult(U, scaled, math.ldexp(nu, e))

@@ -30,6 +30,7 @@ from rsketch.linalg._lowrank import (
     NystromResult,
     _check_matrix,
     _cholqr_limit,
+    _overflow,
     _psd_core,
     check_symmetric,
     nystrom,
@@ -321,6 +322,8 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         l = width
         # Tropp et al.'s shift sqrt(n) u ||Y||, with ||Y||_F for ||Y||_2 (an upper bound, no SVD)
         nu = math.sqrt(n) * np.finfo(dtype).eps * math.sqrt(max(float(np.trace(YtY[:l, :l])), 0.0))
+        if not math.isfinite(nu):
+            raise _overflow()
         if nu == 0:  # A Omega = 0: for a PSD A the approximation is zero (the preconditioner, I)
             return NystromResult(np.zeros((n, l), dtype), np.zeros(l, dtype), 0.0), l
         core = (cross[:l, :l] + cross[:l, :l].T) / 2

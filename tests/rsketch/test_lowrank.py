@@ -217,6 +217,34 @@ def test_methods_for_symmetric_matrices_refuse_a_nonsymmetric_one(fmt, monkeypat
     assert eigh(G, 3, seed=0).eigenvalues.dtype == np.float32
 
 
+def test_any_scale_gives_the_same_answer_or_a_clear_overflow_error():
+    # Powers of two commute with rounding: the same results, scaled, from 2^-500 to 2^1000, to the
+    # rounding of LAPACK's own scaling of far-out matrices (the error estimate's squares overflowed
+    # from entries of 1e154 on, and it read inf).
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((60, 25))
+    P = A.T @ A
+    base, base_nys = svd(A, 4, seed=0), nystrom(P, 4, seed=0)
+    for e in (-500, 600, 1000):
+        res = svd(np.ldexp(A, e), 4, seed=0)
+        np.testing.assert_allclose(np.ldexp(res.s, -e), base.s, rtol=1e-14)
+        assert np.ldexp(res.error_estimate, -e) == pytest.approx(base.error_estimate, rel=1e-14)
+        if e < 1000:  # P's entries reach 2^1000 times 70: beyond float64 at e = 1000
+            nys = nystrom(np.ldexp(P, e), 4, seed=0)
+            np.testing.assert_allclose(np.ldexp(nys.eigenvalues, -e), base_nys.eigenvalues, rtol=1e-14)
+    # Entries near the top of the range: their sums overflow, an error that says to scale A (it was a
+    # bare LinAlgError from the basis' condition number, or SciPy's "A has a NaN entry").
+    huge = np.full((2, 2), 1e308)
+    with np.errstate(over="ignore", invalid="ignore"):  # NumPy's warnings of the overflow, before ours
+        for call in (lambda: svd(huge, 1), lambda: range_finder(huge, 1), lambda: eigh(huge, 1)):
+            with pytest.raises(ValueError, match="products with A are not finite.*scale A"):
+                call()
+        with pytest.raises(
+            ValueError, match="largest eigenvalue, about 1.11 \\* 2\\^1024, exceeds the float64 range"
+        ):
+            nystrom(huge, 1)
+
+
 def test_nystrom_refuses_a_matrix_that_is_not_psd_with_the_eigenvalue():
     A = np.diag([3.0, 2.0, -1.0, 0.5])
     with pytest.raises(ValueError, match=r"not positive semi-definite.*eigenvalue -"):

@@ -22,7 +22,15 @@ from scipy.sparse.linalg import LinearOperator
 
 import rsketch.linalg._lowrank_array as array_lowrank
 from rsketch._backend import is_non_numpy_array, like, to_host
-from rsketch._validation import check_int, check_operand, check_option, check_real, check_seed, seed_sequence
+from rsketch._validation import (
+    check_allocation,
+    check_int,
+    check_operand,
+    check_option,
+    check_real,
+    check_seed,
+    seed_sequence,
+)
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.kernels import cpu
@@ -193,10 +201,16 @@ def _draw(sketch, input_dim, size, seed, dtype):
         if sketch.shape != (size, input_dim):
             raise ValueError(f"sketch must have shape {(size, input_dim)}, got {sketch.shape}")
         return sketch
+    check_test_matrix_kind(sketch)
+    return make_sketch(sketch, input_dim, size, seed=seed, dtype=dtype)
+
+
+def check_test_matrix_kind(sketch):
+    """A kind name the low-rank methods draw test matrices of: any of :func:`rsketch.make_sketch`'s
+    but leverage-score sampling (its scores come from the matrix being approximated)."""
     if not isinstance(sketch, str) or sketch not in SKETCH_KINDS or sketch == "leverage":
         kinds = sorted(k for k in SKETCH_KINDS if k != "leverage")
         raise ValueError(f"sketch must be one of {kinds} or a SketchOperator, got {sketch!r}")
-    return make_sketch(sketch, input_dim, size, seed=seed, dtype=dtype)
 
 
 def _times_sketch(A, S):
@@ -426,6 +440,18 @@ def range_finder(
     )
 
 
+def _check_basis_memory(m, n, rank, width, passes, method, tol, dtype):
+    """``MemoryError`` before the range finder allocates a basis beyond the memory (a large
+    LinearOperator met NumPy's bare "Unable to allocate")."""
+    blocks = 1 if method == "subspace" else min((passes - 1) // 2, min(m, n) // width - 1) + 1
+    columns = rank if tol is not None else width * (blocks + 1)  # the basis and a scratch block
+    check_allocation(
+        (m * columns + n * (width + PROBES)) * np.dtype(dtype).itemsize,
+        f"the range finder's basis of {m:,} x {columns:,} and test block of {n:,} x {width:,}",
+        "use a smaller rank (or oversample and passes)",
+    )
+
+
 def _find_range(
     A,
     dtype,
@@ -454,17 +480,18 @@ def _find_range(
     if method == "block_krylov" and passes % 2 == 0:
         raise ValueError(f"method='block_krylov' needs an odd number of passes (2 q + 1), got {passes}")
     seeds = seed_sequence(seed).spawn(2)
+    width = min(rank + oversample, m, n)
+    _check_basis_memory(m, n, rank, width, passes, method, tol, dtype)
     if tol is not None:
         if is_dask_array(A) or is_non_numpy_array(A):
             raise ValueError(
                 "tol (the adaptive range finder) is not available for Dask or device input; give rank"
             )
         tol = check_real(tol, "tol")
-        if not tol > 0:
-            raise ValueError(f"tol must be > 0, got {tol}")
+        if not (tol > 0 and math.isfinite(tol)):
+            raise ValueError(f"tol must be a finite number > 0, got {tol}")
         block_size = check_int(block_size, "block_size", minimum=1)
         return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
-    width = min(rank + oversample, m, n)
     if is_dask_array(A):
         return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
     if error_probes:
@@ -728,6 +755,8 @@ def svd(
             A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0
         )
     check_seed(seed)
+    width = min(rank + check_int(oversample, "oversample", minimum=0), m, n)
+    _check_basis_memory(m, n, rank, width, check_int(passes, "passes", minimum=1), method, tol, dtype)
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), n, dtype)

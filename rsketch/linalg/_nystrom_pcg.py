@@ -33,10 +33,11 @@ from rsketch.linalg._lowrank import (
     _overflow,
     _psd_core,
     check_symmetric,
+    check_test_matrix_kind,
     nystrom,
 )
 from rsketch.linalg._results import ConvergenceWarning
-from rsketch.operators import make_sketch
+from rsketch.operators import SketchOperator, make_sketch
 
 
 @dataclass(frozen=True)
@@ -186,14 +187,28 @@ def nystrom_pcg(
             f"mu must be a finite number > 0 (the regularisation makes A + mu I definite), got {mu}"
         )
     b = np.asarray(b)
-    if b.dtype.kind not in "iuf" or b.ndim not in (1, 2) or b.shape[0] != n:
-        raise ValueError(f"b must be a real array of shape ({n},) or ({n}, k), got {b.dtype} {b.shape}")
+    if b.dtype.kind not in "iuf" or b.ndim not in (1, 2) or b.shape[0] != n or b.size == 0:
+        raise ValueError(
+            f"b must be a real array of shape ({n},) or ({n}, k), k >= 1, got {b.dtype} {b.shape}"
+        )
     if not np.isfinite(b).all():
         raise ValueError("b contains NaN or infinite values")
     tol = check_real(tol, "tol")
     if not 0 < tol < 1:
         raise ValueError(f"tol must lie in (0, 1), got {tol}")
     max_iter = n if max_iter is None else check_int(max_iter, "max_iter", minimum=1)
+    target_ratio = check_real(target_ratio, "target_ratio")
+    if not (target_ratio > 0 and math.isfinite(target_ratio)):
+        raise ValueError(f"target_ratio must be a finite number > 0, got {target_ratio}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+    if rank is None and isinstance(sketch, SketchOperator):
+        raise TypeError(
+            "sketch must be a kind name for the adaptive rank (its rounds draw test blocks of their "
+            "own sizes); give rank= to use a SketchOperator"
+        )
+    if not isinstance(sketch, SketchOperator):
+        check_test_matrix_kind(sketch)
     max_rank = min(check_int(max_rank, "max_rank", minimum=1), n)
     initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
     check_seed(seed)

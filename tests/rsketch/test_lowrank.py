@@ -410,7 +410,26 @@ def test_interpolative_against_scipy_interpolative():
         (lambda A: svd(A, 3, passes=0), "passes must be >= 1"),
         (lambda A: svd(A, 3, passes=2, method="block_krylov"), "odd number of passes"),
         (lambda A: svd(A, 3, sketch="leverage"), "sketch must be one of"),
-        (lambda A: range_finder(A, 3, tol=-1.0), "tol must be > 0"),
+        (lambda A: range_finder(A, 3, tol=-1.0), "tol must be a finite number > 0"),
+        (lambda A: range_finder(A, 3, tol=np.inf), "tol must be a finite number > 0, got inf"),
+        (lambda A: svd(A, 3, tol=np.inf), "tol must be a finite number > 0, got inf"),
+        (
+            lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones(30), 1.0, target_ratio="10"),
+            "target_ratio must be a real",
+        ),
+        (
+            lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones(30), 1.0, target_ratio=-1.0),
+            "target_ratio must be a finite",
+        ),
+        (lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones(30), 1.0, sketch="bogus"), "sketch must be one of"),
+        (lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones(30), 1.0, callback=3), "callback must be callable"),
+        (lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones((30, 0)), 1.0), r"b must be .*k >= 1"),
+        (
+            lambda A: rsketch.nystrom_pcg(
+                A.T @ A, np.ones(30), 1.0, sketch=rsketch.make_sketch("gaussian", 30, 5)
+            ),
+            "sketch must be a kind name for the adaptive rank",
+        ),
         (lambda A: qr_pivoted(A.T), "must be tall"),
         (lambda A: interpolative(A, 0), "rank must be >= 1"),
         (lambda A: nystrom(A, 3), "must be square"),
@@ -424,6 +443,20 @@ def test_bad_input_gets_a_clear_error(call, match):
     A = np.random.default_rng(0).standard_normal((100, 30))
     with pytest.raises((ValueError, TypeError), match=match):
         call(A)
+
+
+def test_a_basis_beyond_the_memory_is_a_memory_error_before_any_allocation():
+    from scipy.sparse.linalg import LinearOperator
+
+    n = 10**9
+    op = LinearOperator((n, n), matvec=lambda v: v, matmat=lambda V: V, dtype=np.float64)
+    for call in (
+        lambda: range_finder(op, 10_000),
+        lambda: svd(op, 10_000),
+        lambda: range_finder(op, 100, tol=1.0),
+    ):
+        with pytest.raises(MemoryError, match="the range finder's basis of 1,000,000,000 x"):
+            call()
 
 
 def test_low_rank_names_are_public():

@@ -94,6 +94,8 @@ class GramOperator(LinearOperator):
                 f"library's), got {type(X).__name__} {getattr(X, 'dtype', '')} {getattr(X, 'shape', '')}"
             )
         n, p = X.shape
+        if n == 0 or p == 0:
+            raise ValueError(f"X must have at least one row and one column, got shape {X.shape}")
         self.X = X  # any layout: the blocks' products take strided rows (a copy would double X)
         self.center = None if center is None else _vector(center, p, "center", dtype)
         self.sample_weight = (
@@ -119,7 +121,10 @@ class GramOperator(LinearOperator):
     _rmatvec = _matvec
 
     def _matmat(self, V):
-        V = np.asarray(V, dtype=self.dtype)
+        V = np.asarray(V)
+        if V.dtype.kind not in "biuf":  # a complex V was cast to its real part (zeros for 1j)
+            raise TypeError(f"GramOperator multiplies real arrays, got dtype {V.dtype}")
+        V = V.astype(self.dtype, copy=False)
         if V.shape[1] > FUSED_MAX_COLUMNS or not isinstance(self.X, np.ndarray):
             return to_host(self.transpose_weighted(self._centred_product(V)))
         X = self.X
@@ -237,7 +242,10 @@ def _host_dtype(X):
 
 
 def _vector(v, size, name, dtype):
-    v = np.asarray(to_host(v), dtype=dtype)
+    """A real vector of ``size`` entries in ``dtype`` (complex values are refused, not truncated)."""
+    v = np.asarray(to_host(v))
+    if v.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a real numeric array, got dtype {v.dtype}")
     if v.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), got {v.shape}")
-    return v
+    return v.astype(dtype, copy=False)

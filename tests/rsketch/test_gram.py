@@ -104,6 +104,16 @@ def test_bad_input():
         GramOperator(X, sample_weight=np.full(50, np.nan))
     with pytest.raises(ValueError, match="input_dim 20"):
         GramOperator(X).sketch(make_sketch("sparse_sign", 21, 5, seed=0))
+    # complex values were cast to their real part (a center of 1j became 0, G @ 1j v gave zeros)
+    with pytest.raises(TypeError, match="center must be a real numeric array, got dtype complex128"):
+        GramOperator(X, center=c + 1j)
+    with pytest.raises(TypeError, match="center must be a real numeric array, got dtype <U1"):
+        GramOperator(X, center=["a"] * 20)
+    with pytest.raises(TypeError, match="GramOperator multiplies real arrays, got dtype complex128"):
+        GramOperator(X) @ (1j * np.ones(20))
+    for shape in ((5, 0), (0, 5)):
+        with pytest.raises(ValueError, match=r"X must have at least one row and one column, got shape"):
+            GramOperator(np.ones(shape))
 
 
 def test_sparse_and_device_designs_give_the_dense_products():

@@ -11,7 +11,7 @@ from .autoregressive import autoregressive_generate
 from .loading import MODELS, LoadedModel, load_model, model_path
 from .model import Model
 from .results import GenerationResult
-from .sampling import SamplingParams
+from .sampling import SamplingParams, TokenNoise
 from .scheduling import check_max_batch
 from .speculative import LAYOUTS, check_speculative_arguments, prepare_speculative, speculative_generate
 from .tokenizer import check_text, check_token_ids
@@ -100,14 +100,14 @@ def _loop_arguments(
             )
     # before the drafter and the cost model are set up (measuring a cost curve takes a while)
     max_batch = check_max_batch(max_batch, n_prompts=len(ids), padded=method == "vanilla")
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    noise = TokenNoise(seed)
     eos = [
         e for e in (getattr(tokenizer, "eos_id", None), getattr(tokenizer, "eot_id", None)) if e is not None
     ]
     if method not in METHODS:
         raise ValueError(f"method must be 'autoregressive', 'ems' or 'vanilla', got {method!r}")
     return dict(
-        prompt_ids=ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, rng=rng,
+        prompt_ids=ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, noise=noise,
         stream=stream, eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
 
@@ -156,7 +156,11 @@ def generate(
         Sequences also stop at the tokenizer's EOS token.
     seed : int, numpy.random.SeedSequence or numpy.random.Generator, optional
         Seed of the sampler (ignored when greedy): a non-negative int (checked by rsketch's
-        ``check_seed``, as rsketch's own seeds are).
+        ``check_seed``, as rsketch's own seeds are). The ``t``-th token of ``prompts[i]`` is drawn
+        at the uniform ``u(i, t)`` of :class:`~decoding.sampling.TokenNoise`, a pure function of
+        the seed: the same seed gives the same tokens for every method (speculative decoding
+        verifies drafts against the very token sampling draws), batch size, ``max_batch``, thread
+        count and draft budget. None draws a fresh seed.
     stream : callable, optional
         ``stream(i, text)`` receives each new piece of the text of prompt ``i`` as it is generated.
     method : {"autoregressive", "ems", "vanilla"}, default "autoregressive"

@@ -15,7 +15,7 @@ import numpy as np
 from ._threads import engine_threads
 from ._xp import to_host
 from .results import GenerationResult
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, TokenNoise, sample
 from .scheduling import Outputs, SlotQueue, check_memory, decode_step, loop_memory
 
 __all__ = ["autoregressive_generate"]
@@ -29,7 +29,7 @@ def autoregressive_generate(
     max_new_tokens: int,
     sampling: SamplingParams,
     stop: list[str],
-    rng: np.random.Generator,
+    noise: TokenNoise,
     stream=None,
     eos_ids=(),
     max_batch: int | None = None,
@@ -44,7 +44,9 @@ def autoregressive_generate(
     max_new_tokens : int
     sampling : SamplingParams
     stop : list of str
-    rng : numpy.random.Generator
+    noise : TokenNoise
+        The uniforms of sampled tokens: sample ``i``'s ``t``-th token is drawn at ``u(i, t)``
+        (unused when greedy).
     stream : callable, optional
         ``stream(i, text)`` is called with each new piece of text of prompt ``i``.
     eos_ids : iterable of int
@@ -67,7 +69,7 @@ def autoregressive_generate(
     Examples
     --------
     >>> res = autoregressive_generate(model, tok, [tok.encode("Hi")], max_new_tokens=4,
-    ...     sampling=SamplingParams(), stop=[], rng=np.random.default_rng(0))  # doctest: +SKIP
+    ...     sampling=SamplingParams(), stop=[], noise=TokenNoise(0))  # doctest: +SKIP
     >>> len(res.tokens[0])  # doctest: +SKIP
     4
     """
@@ -94,7 +96,8 @@ def autoregressive_generate(
         while True:
             t_step = time.perf_counter()
             threads.update()
-            nxt = sample(to_host(logits), sampling, rng)  # [len(active)] (sampling runs on the host)
+            done = [len(outs.tokens[i]) for i in active]  # each sample's next position
+            nxt = sample(to_host(logits), sampling, noise, active, done)  # (sampling runs on the host)
             still = []
             for j, i in enumerate(active):
                 if outs.emit(i, [nxt[j]]):

@@ -3,7 +3,7 @@
 One small interface, the abstract :class:`Drafter` (after vLLM's ``SpeculativeProposer``). The
 speculative loop calls
 
-- ``begin(prompts, references, sampling, rng, max_new_tokens, max_active)`` once per ``generate``
+- ``begin(prompts, references, sampling, noise, max_new_tokens, max_active)`` once per ``generate``
   call (``prompts`` are the prompt ids of every sample, ``references`` one token array per sample
   or None, ``max_active`` how many samples at most run at once: fewer than the prompts under
   continuous batching);
@@ -13,8 +13,8 @@ speculative loop calls
 - ``propose(contexts, max_lens, samples)`` once per step: ``contexts[j]`` is the whole token
   history (prompt and generated tokens) of sample ``samples[j]``; the answer is a
   :class:`Proposal` (after vLLM's ``SpeculativeProposals``) of one int array per sample of at
-  most ``max_lens[j]`` draft tokens (possibly empty, lengths may differ) and, for a drafter that
-  samples, the distributions they were drawn from;
+  most ``max_lens[j]`` draft tokens (possibly empty, lengths may differ; a draft token is accepted
+  where it equals the target's own token, greedy or sampled, so no distributions are needed);
 - ``end(sample)`` when a sample finishes.
 
 A drafter never needs an explicit rollback hook here: the draft model compares the context it is
@@ -34,7 +34,7 @@ from ._xp import to_host
 from .kv_cache import KVCache
 from .loading import load_model
 from .model import Model, PackedBatch
-from .sampling import SamplingParams, filtered_probs
+from .sampling import SamplingParams, TokenNoise, filtered_probs, inverse_cdf
 from .scheduling import PREFILL_TOKENS, prefill
 
 __all__ = [
@@ -59,19 +59,15 @@ class Proposal:
     ----------
     tokens : list of int arrays
         The draft of each sample (possibly empty; lengths may differ).
-    probs : list of float arrays [n_j, V], or None
-        The distributions the drafts were drawn from (speculative sampling needs them); None for
-        a deterministic drafter, whose proposal distribution is one-hot at each draft token.
 
     Examples
     --------
     >>> p = Proposal([np.array([4, 5]), np.array([], dtype=np.int64)])
-    >>> p.lengths.tolist(), p.probs is None
-    ([2, 0], True)
+    >>> p.lengths.tolist()
+    [2, 0]
     """
 
     tokens: list
-    probs: list | None = None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -107,7 +103,7 @@ class Drafter(abc.ABC):
         prompts,
         references=None,
         sampling: SamplingParams | None = None,
-        rng=None,
+        noise=None,
         max_new_tokens=512,
         max_active=None,
     ) -> None:
@@ -184,7 +180,7 @@ class LLMADrafter(Drafter):
         self.match_len, self.copy_len = int(match_len), int(copy_len)
 
     def begin(
-        self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
+        self, prompts, references=None, sampling=None, noise=None, max_new_tokens=512, max_active=None
     ) -> None:
         if references is None:
             references = prompts
@@ -231,7 +227,7 @@ class PromptLookupDrafter(LLMADrafter):
     name = "prompt_lookup"
 
     def begin(
-        self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
+        self, prompts, references=None, sampling=None, noise=None, max_new_tokens=512, max_active=None
     ) -> None:
         self._cursor = [0] * len(prompts)
 
@@ -276,10 +272,13 @@ class DraftModelDrafter(Drafter):
         self.model, self.max_draft = model, int(max_draft)
 
     def begin(
-        self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None
+        self, prompts, references=None, sampling=None, noise=None, max_new_tokens=512, max_active=None
     ) -> None:
         self._sampling = sampling or SamplingParams()
-        self._rng = rng if rng is not None else np.random.default_rng(0)
+        # sampled, a draft token is drawn at the uniform its position's target token will be drawn
+        # at (verify_sampling): where the two distributions agree, so do the tokens
+        self._noise = noise if noise is not None else TokenNoise(0)
+        self._prompt_lens = [len(p) for p in prompts]
         # contexts plus drafts never pass max_new_tokens after the prompt (the loop cuts every
         # draft to what is left of max_new_tokens), so that is all the cache holds
         cap = self._capacity_for(max(len(p) for p in prompts), max_new_tokens)
@@ -310,7 +309,7 @@ class DraftModelDrafter(Drafter):
         cap = self._capacity_for(max(lens), max_new_tokens)
         cache = KVCache.bytes_for(m.n_layers, cfg.n_kv_heads, cfg.head_dim, max_active, cap, m.kv_dtype)
         feed = m.forward_bytes(min(PREFILL_TOKENS, sum(lens)), keys=cap, logits_rows=max_active)
-        probs = 8 * cfg.vocab_size * max_active * (min(max_draft, self.max_draft) + 8) if sampled else 0
+        probs = 64 * cfg.vocab_size * max_active if sampled else 0  # a step's filtered_probs temporaries
         return cache + feed + 2 * max_active * cfg.vocab_size * m.dtype.itemsize + probs
 
     def _region(self, sample: int) -> int:
@@ -335,23 +334,20 @@ class DraftModelDrafter(Drafter):
             self._cache.release(self._seq.pop(sample))
             del self._held[sample]
 
-    def _draw(self, logits):
-        """Next draft token of each row ``[n]`` and, when sampling, the distributions ``[n, V]``."""
+    def _draw(self, logits, samples, positions):
+        """Next draft token of each row ``[n]`` (row ``r``: sample ``samples[r]`` at ``positions[r]``)."""
         if self._sampling.greedy:
-            return np.argmax(logits, axis=-1), None
+            return np.argmax(logits, axis=-1)
         sp = self._sampling
         q = filtered_probs(logits, sp.temperature, sp.top_k, sp.top_p)  # [n, V]
-        u = self._rng.random(q.shape[0])[:, None]
-        cdf = np.cumsum(q, axis=-1)
-        return np.minimum((cdf < u * cdf[:, -1:]).sum(axis=-1), q.shape[1] - 1), q
+        return inverse_cdf(q, self._noise.uniforms(samples, positions))
 
     def propose(self, contexts, max_lens, samples) -> Proposal:
-        greedy = self._sampling.greedy
         out = [np.zeros(0, dtype=np.int64) for _ in contexts]
         steps = [min(int(k), self.max_draft) for k in max_lens]
         js = [j for j in range(len(contexts)) if steps[j] > 0]  # the samples drafting
         if not js:
-            return Proposal(out, None if greedy else [np.zeros((0, 0))] * len(contexts))
+            return Proposal(out)
         feeds = []  # roll each draft cache back to what it shares with the context, feed the rest
         for j in js:
             s, ctx = samples[j], np.asarray(contexts[j], dtype=np.int64)
@@ -361,7 +357,9 @@ class DraftModelDrafter(Drafter):
             feeds.append(ctx[lcp:])
             self._held[s] = ctx
         live = list(range(len(js)))  # indices into js still drafting
-        drafts, qs = [[] for _ in js], [[] for _ in js]
+        drafts = [[] for _ in js]
+        # the first draft token's position: the tokens the sample has generated
+        first = [len(contexts[j]) - self._prompt_lens[samples[j]] for j in js]
         for step in range(max(steps)):
             seq_ids = [self._seq[samples[js[t]]] for t in live]
             if step == 0:  # the catch-up (whole prompts at first) in forwards of bounded size
@@ -371,23 +369,17 @@ class DraftModelDrafter(Drafter):
                 logits = to_host(
                     self.model.forward(batch, cache=self._cache, logits="last")
                 )  # [len(live), V]
-            nxt, q = self._draw(logits)
+            nxt = self._draw(logits, [samples[js[t]] for t in live], [first[t] + step for t in live])
             for r, t in enumerate(live):
                 drafts[t].append(int(nxt[r]))
-                if q is not None:
-                    qs[t].append(q[r])
             live = [t for t in live if len(drafts[t]) < steps[js[t]]]
             if not live:
                 break
-        V = self.model.config.vocab_size
-        probs = None if greedy else [np.zeros((0, V)) for _ in contexts]
         for t, j in enumerate(js):
             out[j] = np.array(drafts[t], dtype=np.int64)
             # the cache now holds the context plus all drafts but the last
             self._held[samples[j]] = np.concatenate([self._held[samples[j]], out[j][:-1]])
-            if not greedy:
-                probs[j] = np.array(qs[t])
-        return Proposal(out, probs)
+        return Proposal(out)
 
 
 def make_drafter(drafter, target=None, *, max_draft: int = 7) -> Drafter:

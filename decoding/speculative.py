@@ -39,7 +39,7 @@ from .cost_model import CostModel, DraftBudget
 from .drafters import DRAFTERS, Drafter, DraftModelDrafter, make_drafter
 from .model import PackedBatch
 from .results import GenerationResult
-from .sampling import SamplingParams, filtered_probs, sample
+from .sampling import SamplingParams, TokenNoise, filtered_probs, inverse_cdf, sample
 from .scheduling import Outputs, SlotQueue, check_max_batch, check_memory, decode_step, loop_memory
 from .tokenizer import check_text, check_token_ids
 
@@ -61,7 +61,7 @@ LAYOUTS = ("ems", "vanilla")
 PAD_ID = 0  # token id fed at pad positions of the vanilla layout (their results are never used)
 
 
-def verify_greedy(logits: np.ndarray, draft: np.ndarray, sampling=None, q=None, rng=None):
+def verify_greedy(logits: np.ndarray, draft: np.ndarray, sampling=None, u=None):
     """Greedy verification: ``(accepted draft count m, the m + 1 new tokens)``.
 
     ``logits`` ``[n + 1, V]`` are the target's logits after the last accepted token and after each
@@ -80,49 +80,39 @@ def verify_greedy(logits: np.ndarray, draft: np.ndarray, sampling=None, q=None, 
     return m, [int(t) for t in target[: m + 1]]
 
 
-def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
-    cdf = np.cumsum(p)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), p.size - 1))
+def verify_sampling(logits: np.ndarray, draft: np.ndarray, sampling: SamplingParams, u: np.ndarray):
+    """Sampled verification: ``(m, the m + 1 new tokens)``, the tokens sampling would draw.
 
-
-def verify_sampling(logits: np.ndarray, draft: np.ndarray, sampling: SamplingParams, q, rng):
-    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): ``(m, the m + 1 new tokens)``.
-
-    ``q`` is ``[n, V]`` (the distributions the drafts were drawn from) or None for a
-    deterministic drafter (one-hot at each draft token). Target probabilities are
-    :func:`~decoding.sampling.filtered_probs` of ``logits`` with the same temperature, top-k, top-p.
+    The token at each position is the inverse CDF of the target's :func:`~decoding.sampling.filtered_probs`
+    at that position's uniform ``u[j]`` (``[n + 1]``, from :class:`~decoding.sampling.TokenNoise`),
+    exactly as :func:`~decoding.sampling.sample` draws it; a draft token is accepted while it is that
+    token. The new tokens are therefore autoregressive sampling's, for the same seed, whatever was
+    drafted; each is distributed as the target says, since the uniforms are independent. For a
+    deterministic drafter a draft token ``x`` is accepted with probability ``p(x)``, as by
+    speculative sampling's rejection rule (Leviathan et al. 2023) with a one-hot ``q``; a draft
+    model that draws with the same uniforms (:class:`~decoding.drafters.DraftModelDrafter`) is
+    accepted where the two inverse CDFs agree, less often than the rejection rule's
+    ``sum min(p, q)`` where the two distributions differ (docs/speculative.md).
 
     Examples
     --------
-    Where the target is certain, a draft it agrees with is accepted and one it rejects is replaced:
-
     >>> lg = np.log(np.eye(4)[[2, 3, 1]] + 1e-12)  # the target says 2, then 3, then 1
-    >>> sp, rng = SamplingParams(temperature=1.0), np.random.default_rng(0)
-    >>> verify_sampling(lg, np.array([2, 3]), sp, None, rng)
+    >>> sp = SamplingParams(temperature=1.0)
+    >>> verify_sampling(lg, np.array([2, 3]), sp, np.array([0.5, 0.5, 0.5]))
     (2, [2, 3, 1])
-    >>> verify_sampling(lg, np.array([2, 0]), sp, None, rng)
+    >>> verify_sampling(lg, np.array([2, 0]), sp, np.array([0.5, 0.5, 0.5]))
     (1, [2, 3])
     """
 
-    def p(j):  # one row at a time: [V] float64, not [n + 1, V] for a long draft; rows after a
-        # rejection are never computed
-        return filtered_probs(logits[j : j + 1], sampling.temperature, sampling.top_k, sampling.top_p)[0]
+    def token(j):  # one row at a time: rows after a mismatch are never computed
+        p = filtered_probs(logits[j : j + 1], sampling.temperature, sampling.top_k, sampling.top_p)
+        return int(inverse_cdf(p, u[j : j + 1])[0])
 
     for j, x in enumerate(draft):
-        x = int(x)
-        pj = p(j)
-        qx = 1.0 if q is None else float(q[j, x])
-        if qx > 0 and rng.random() < min(1.0, pj[x] / qx):
-            continue
-        resid = pj.copy()
-        if q is None:
-            resid[x] = 0.0
-        else:
-            resid = np.maximum(resid - q[j], 0.0)
-        if resid.sum() <= 0:  # p == q numerically: acceptance was (almost) certain
-            resid = pj
-        return j, [int(t) for t in draft[:j]] + [_draw(resid, rng)]
-    return draft.size, [int(t) for t in draft] + [_draw(p(draft.size), rng)]
+        y = token(j)
+        if y != int(x):
+            return j, [int(t) for t in draft[:j]] + [y]
+    return draft.size, [int(t) for t in draft] + [token(draft.size)]
 
 
 def _references(tokenizer, references, n_prompts: int, vocab_size: int | None = None):
@@ -461,11 +451,10 @@ class SpeculativeStats:
 @dataclass(frozen=True)
 class _Drafts:
     """One step's drafts: ``verified`` (what the target checks), ``proposed`` (before the budget
-    trimmed them: the trimmed tails still teach it), ``probs`` (the drafter's, or None)."""
+    trimmed them: the trimmed tails still teach it)."""
 
     verified: list
     proposed: list
-    probs: list | None = None
     asked: bool = True  # whether the drafter was asked this step
 
     @cached_property
@@ -512,7 +501,7 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
             room = np.minimum(room, plan)
     proposal = drafter.propose(contexts, room, active)
     proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
-    drafts = _Drafts(proposed, proposed, proposal.probs)
+    drafts = _Drafts(proposed, proposed)
     stats.asked[active] += room > 0
     stats.offered[active] += drafts.lengths > 0
     if budget is None:
@@ -527,17 +516,27 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
     keep = budget.allocate(alphas, drafts.lengths, padded=padded, remaining=horizon, offers=offers)
     budget.record_decision(bool(keep.any()), time.perf_counter() - t_ask)
     stats.trimmed += int((drafts.lengths - keep).sum())
-    return _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed, proposal.probs)
+    return _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed)
 
 
-def _judge(rows, *, drafts: _Drafts, active, verify, sampling, rng, stats) -> list[tuple[int, list[int]]]:
-    """Verify each sample's draft against its logits ``rows[j]``: ``(accepted count m, m + 1 tokens)``."""
+def _judge(
+    rows, *, drafts: _Drafts, active, done, verify, sampling, noise, stats
+) -> list[tuple[int, list[int]]]:
+    """Verify each sample's draft against its logits ``rows[j]``: ``(accepted count m, m + 1 tokens)``.
+
+    Sampled, sample ``active[j]``'s positions ``done[j], ..., done[j] + n_j`` (``done[j]`` tokens
+    generated so far) take their uniforms from ``noise``, all in one call."""
+    us = [None] * len(active)
+    if not sampling.greedy:
+        counts = drafts.lengths + 1
+        starts = np.repeat(np.asarray(done, dtype=np.int64) - np.cumsum(counts) + counts, counts)
+        u = noise.uniforms(np.repeat(active, counts), starts + np.arange(int(counts.sum())))
+        us = np.split(u, np.cumsum(counts)[:-1])
     results = []
     for j, i in enumerate(active):
-        d, n = drafts.verified[j], int(drafts.lengths[j])
-        m, new = verify(rows[j], d, sampling, None if drafts.probs is None else drafts.probs[j][:n], rng)
+        m, new = verify(rows[j], drafts.verified[j], sampling, us[j])
         results.append((m, new))
-        stats.record(i, accepted=m, verified=n)
+        stats.record(i, accepted=m, verified=int(drafts.lengths[j]))
     return results
 
 
@@ -546,12 +545,12 @@ def _shadow(drafts: _Drafts, active, results, stats: SpeculativeStats) -> None:
 
     After a fully accepted draft, the target's next token is the one the first trimmed draft token
     would have been checked against, and the tokens of the next steps check the rest of the tail
-    (for a deterministic drafter, accepted iff equal, greedy or sampled; a drafter that gives its
-    probabilities would need them, and is not checked). Without them a sample the budget never
-    drafts for never shows that its drafts would pay; with the whole tail a quoting sample shows
-    it in a step or two, not one token per time the drafter is asked.
+    (a draft token is accepted iff it equals the target's token, greedy or sampled:
+    :func:`verify_sampling`). Without them a sample the budget never drafts for never shows that
+    its drafts would pay; with the whole tail a quoting sample shows it in a step or two, not one
+    token per time the drafter is asked.
     """
-    if drafts.probs is not None or (not drafts.asked and not stats.tails):
+    if not drafts.asked and not stats.tails:
         return
     for j, i in enumerate(active):
         proposed = drafts.proposed[j]
@@ -654,14 +653,14 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     return results
 
 
-def _autoregressive_step(model, cache, seq_ids, last, active, sampling, rng, stats):
+def _autoregressive_step(model, cache, seq_ids, last, active, done, sampling, noise, stats):
     """The step when no sample verifies a draft: :func:`~decoding.scheduling.decode_step` and
     :func:`~decoding.sampling.sample`, exactly the autoregressive loop's. Returns ``(0, [token])``
     per sample, as the steps do."""
     t0 = time.perf_counter()
     logits = decode_step(model, cache, seq_ids, last)
     stats.forward(computed=len(active), seconds=time.perf_counter() - t0)
-    tokens = sample(to_host(logits), sampling, rng)
+    tokens = sample(to_host(logits), sampling, noise, active, done)
     stats.record_undrafted(len(active))
     return [(0, [int(t)]) for t in tokens]
 
@@ -692,7 +691,7 @@ def speculative_generate(
     max_new_tokens: int,
     sampling: SamplingParams,
     stop: list[str],
-    rng: np.random.Generator,
+    noise: TokenNoise,
     drafter: Drafter,
     max_draft: int = 7,
     layout: str = "ems",
@@ -717,6 +716,8 @@ def speculative_generate(
         Caps the verified draft tokens per step (None: verify whatever the drafter proposes).
     references : list of token arrays, optional
         Per-sample reference texts for the drafter (LLMA).
+    noise : TokenNoise
+        The uniforms of sampled tokens (unused when greedy).
     verifier : callable, optional
         Replaces the acceptance rule (tests use it to check that a wrong rule is detected).
     max_batch : int, optional
@@ -736,7 +737,7 @@ def speculative_generate(
     Examples
     --------
     >>> res = speculative_generate(model, tok, ids, max_new_tokens=16, sampling=SamplingParams(),
-    ...     stop=[], rng=np.random.default_rng(0), drafter=LLMADrafter())  # doctest: +SKIP
+    ...     stop=[], noise=TokenNoise(0), drafter=LLMADrafter())  # doctest: +SKIP
     >>> res.stats["mean_accepted"]  # doctest: +SKIP
     1.8
     """
@@ -757,7 +758,7 @@ def speculative_generate(
     key_valid = np.ones((B, cap), dtype=bool) if vanilla else None
     outs = Outputs(tokenizer, B, stop=stop, eos_ids=eos_ids, max_new_tokens=max_new_tokens, stream=stream)
     stats = SpeculativeStats.for_samples(B)
-    drafter.begin(prompts, references, sampling, rng, max_new_tokens=max_new_tokens, max_active=queue.slots)
+    drafter.begin(prompts, references, sampling, noise, max_new_tokens=max_new_tokens, max_active=queue.slots)
 
     held: dict = {}  # sample -> (its context buffer: prompt, then room for max_new_tokens; tokens in it)
 
@@ -786,7 +787,7 @@ def speculative_generate(
 
     def start(new, logits) -> list[int]:
         """Emit the first token of each newly prefilled sample; those still going."""
-        first = sample(logits, sampling, rng)
+        first = sample(logits, sampling, noise, new, [0] * len(new))
         return [i for j, i in enumerate(new) if not finished(i, [int(first[j])])]
 
     if vanilla:
@@ -812,17 +813,21 @@ def speculative_generate(
                     horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
                 )  # fmt: skip
             last = [outs.tokens[i][-1] for i in active]
+            done = [len(outs.tokens[i]) for i in active]  # each sample's next position
             if not vanilla and verifier is None and not drafts.drafted:
-                results = _autoregressive_step(model, cache, seq[active], last, active, sampling, rng, stats)
+                results = _autoregressive_step(
+                    model, cache, seq[active], last, active, done, sampling, noise, stats
+                )
                 npos[active] += 1
             else:
                 judge = partial(
                     _judge,
                     drafts=drafts,
                     active=active,
+                    done=done,
                     verify=verify,
                     sampling=sampling,
-                    rng=rng,
+                    noise=noise,
                     stats=stats,
                 )
                 results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)

@@ -11,6 +11,7 @@ import pytest
 
 from decoding import cost_model
 from decoding.cost_model import MAX_SKIP, CostModel, DraftBudget, DriftCheck, weight_format
+from decoding.sampling import TokenNoise
 
 CURVE = CostModel((1, 8, 64), (0.010, 0.012, 0.050))
 
@@ -109,7 +110,7 @@ def test_the_loop_feeds_live_timings_to_the_budget(tiny64):
     budget = DraftBudget(wrong, remeasure=lambda: calls.append(1) or wrong.scaled(1e-5))
     res = speculative_generate(
         model, tok, [[1, 2, 3]], max_new_tokens=24, sampling=SamplingParams(), stop=[],
-        rng=np.random.default_rng(0), drafter=make_drafter("prompt_lookup", model, max_draft=4),
+        noise=TokenNoise(0), drafter=make_drafter("prompt_lookup", model, max_draft=4),
         budget=budget,
     )  # fmt: skip
     assert calls == [1] and res.stats["budget_remeasured"] == 1
@@ -132,7 +133,7 @@ def test_a_remeasurement_is_a_pause_not_decoding(tiny64):
     t0 = time.perf_counter()
     res = speculative_generate(
         model, tok, [[1, 2, 3]], max_new_tokens=24, sampling=SamplingParams(), stop=[],
-        rng=np.random.default_rng(0), drafter=make_drafter("prompt_lookup", model, max_draft=4),
+        noise=TokenNoise(0), drafter=make_drafter("prompt_lookup", model, max_draft=4),
         budget=DraftBudget(wrong, remeasure=slow_remeasure),
     )  # fmt: skip
     wall = time.perf_counter() - t0

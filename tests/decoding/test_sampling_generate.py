@@ -9,7 +9,7 @@ import pytest
 
 import decoding
 from decoding import SamplingParams, generate
-from decoding.sampling import filtered_probs, sample
+from decoding.sampling import TokenNoise, filtered_probs, sample
 from decoding.scheduling import StreamState
 
 
@@ -48,11 +48,14 @@ def test_filtered_probs_top_k_and_top_p():
 def test_sample_frequencies_follow_the_distribution():
     probs = np.array([0.1, 0.4, 0.2, 0.3])
     logits = np.tile(np.log(probs), (20000, 1))
-    draws = sample(logits, SamplingParams(temperature=1.0), np.random.default_rng(0))
+    rows = np.arange(20000)
+    draws = sample(logits, SamplingParams(temperature=1.0), TokenNoise(0), rows, np.zeros_like(rows))
     freq = np.bincount(draws, minlength=4) / draws.size
     # 4.5 standard deviations of a binomial proportion at n = 20000
     assert np.all(np.abs(freq - probs) < 4.5 * np.sqrt(probs * (1 - probs) / draws.size))
-    draws = sample(logits[:2000], SamplingParams(temperature=1.0, top_k=1), np.random.default_rng(0))
+    draws = sample(
+        logits[:2000], SamplingParams(temperature=1.0, top_k=1), TokenNoise(0), rows[:2000], rows[:2000]
+    )
     assert (draws == 1).all()
 
 

@@ -19,7 +19,7 @@ import pytest
 from decoding import autoregressive, generate, kv_cache, memory, scheduling, speculative
 from decoding.cost_model import CostModel, DraftBudget
 from decoding.kv_cache import KVCache
-from decoding.sampling import SamplingParams, sample
+from decoding.sampling import SamplingParams, TokenNoise, sample
 from decoding.speculative import speculative_sizes
 
 PROMPTS = ["the cat in the hat", "the hat the hat the hat the", "x y"]
@@ -202,10 +202,11 @@ def test_budget_search_in_blocks_gives_the_same_allocation(monkeypatch):
 def test_sampling_in_blocks_draws_the_same_tokens(monkeypatch):
     logits = np.random.default_rng(0).standard_normal((50, 300))
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9)
-    want = sample(logits, params, np.random.default_rng(1))
+    samples, positions = np.arange(50) % 7, np.arange(50) // 7
+    want = sample(logits, params, TokenNoise(1), samples, positions)
     for rows in (1, 7, 64):
         monkeypatch.setattr("decoding.sampling.SAMPLE_ROWS", rows)
-        assert np.array_equal(sample(logits, params, np.random.default_rng(1)), want)
+        assert np.array_equal(sample(logits, params, TokenNoise(1), samples, positions), want)
 
 
 def test_kv_cache_module_checks_before_zeros(monkeypatch):

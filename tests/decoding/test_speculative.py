@@ -4,8 +4,9 @@
   every drafter (and an oracle drafter that proposes ragged, partly corrupted continuations so
   that long drafts are accepted), samples finishing at different steps, with and without the
   draft budget (hypothesis).
-- Speculative sampling: the joint distribution of the first three tokens matches the target's
-  (chi-square), and the same test detects a deliberately wrong acceptance rule.
+- Speculative sampling gives autoregressive sampling's tokens for the same seed (each position's
+  token is drawn at its own uniform, drafted or not); the joint distribution of the first three
+  tokens matches the target's (chi-square), and the same test detects a deliberately wrong rule.
 - Rollback leaves the cache as if the rejected tokens had never been appended.
 - The draft budget: optimal among all allocations, never below the autoregressive rate.
 """
@@ -33,7 +34,7 @@ from decoding.drafters import (
     make_drafter,
 )
 from decoding.model import PackedBatch
-from decoding.sampling import SamplingParams, filtered_probs
+from decoding.sampling import SamplingParams, TokenNoise, filtered_probs, inverse_cdf
 from decoding.speculative import (
     SpeculativeStats,
     _draft,
@@ -91,14 +92,14 @@ def _run(
     max_batch=None,
 ):  # fmt: skip
     return speculative_generate(
-        model, tok, ids, max_new_tokens=max_new, sampling=sampling, stop=[], rng=np.random.default_rng(seed),
+        model, tok, ids, max_new_tokens=max_new, sampling=sampling, stop=[], noise=TokenNoise(seed),
         drafter=drafter, max_draft=max_draft, layout=layout, budget=budget, eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
 
 
-def _ar(model, tok, ids, max_new, eos=(), max_batch=None):
+def _ar(model, tok, ids, max_new, eos=(), max_batch=None, sampling=GREEDY, seed=0):
     return autoregressive_generate(
-        model, tok, ids, max_new_tokens=max_new, sampling=GREEDY, stop=[], rng=np.random.default_rng(0),
+        model, tok, ids, max_new_tokens=max_new, sampling=sampling, stop=[], noise=TokenNoise(seed),
         eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
 
@@ -152,6 +153,44 @@ def test_greedy_equals_autoregressive(tiny64, data, B, layout, drafter, budget, 
         assert res.padding_fraction == 0.0
     if budget == "steep":
         assert res.stats["draft_tokens"] == 0  # verifying anything costs more than it can gain
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    B=st.integers(1, 8),
+    layout=st.sampled_from(["ems", "vanilla"]),
+    drafter=st.sampled_from(["oracle", "llma", "draft_model"]),
+    budget=st.sampled_from([None, "gentle"]),
+    max_draft=st.integers(1, 5),
+    max_new=st.integers(1, 10),
+)
+def test_sampling_equals_autoregressive_sampling(
+    tiny64, data, B, layout, drafter, budget, max_draft, max_new
+):
+    """Sampled, the same seed gives autoregressive sampling's tokens, whatever is drafted, trimmed or
+    batched: sample i's t-th token is drawn at u(i, t) either way (a timed budget that trims drafts
+    made sampled speculative decoding differ from run to run)."""
+    model, tok = tiny64
+    sp = SamplingParams(temperature=1.0, top_k=20)
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    motif = rng.integers(0, 264, size=4)
+    lens = data.draw(st.lists(st.integers(1, 10), min_size=B, max_size=B))
+    ids = [[int(t) for t in np.concatenate([motif, rng.integers(0, 264, size=n)])[::-1]] for n in lens]
+    ref = _ar(model, tok, ids, max_new, sampling=sp, seed=seed)
+    assert _ar(model, tok, ids, max_new, sampling=sp, seed=seed, max_batch=1).tokens == ref.tokens
+    if drafter == "oracle":  # long drafts of the sampled answer, partly corrupted
+        d = OracleDrafter([np.asarray(p) for p in ids], ref.tokens, seed)
+    else:
+        d = make_drafter(drafter, model, max_draft=max_draft)
+    bud = DraftBudget(CostModel((1, 4, 32), (1.0, 1.3, 12.0)), prior=0.6) if budget else None
+    max_batch = data.draw(st.one_of(st.none(), st.integers(1, B))) if layout == "ems" else None
+    res = _run(
+        model, tok, ids, layout=layout, drafter=d, max_new=max_new, max_draft=max_draft, budget=bud,
+        sampling=sp, seed=seed, max_batch=max_batch,
+    )  # fmt: skip
+    assert res.tokens == ref.tokens
 
 
 def test_oracle_drafts_are_accepted_and_save_forwards(tiny64):
@@ -367,32 +406,39 @@ def test_verify_greedy_prefix():
     assert verify_greedy(lg[:1], np.array([], dtype=np.int64)) == (0, [1])
 
 
-def test_verify_sampling_one_step_is_exact():
-    """One draft position: P(output = y) equals p(y) for a one-hot and for a proper q (many draws)."""
+def test_verify_sampling_draws_samples_token_at_the_same_uniform():
+    """Each position's token is sample()'s inverse CDF at that position's uniform, so its frequencies
+    are p's; a draft token is accepted exactly where it is that token (with probability p(x))."""
     p_logits = np.log(np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))
     sp = SamplingParams(temperature=1.0)
-    rng = np.random.default_rng(0)
-    q = np.array([[0.2, 0.2, 0.6]])
     n = 6000
-    for qq in (None, q):
-        counts = np.zeros(3)
-        for _ in range(n):
-            x = 0 if qq is None else int(rng.choice(3, p=q[0]))
-            m, toks = verify_sampling(p_logits, np.array([x]), sp, qq, rng)
-            counts[toks[0]] += 1
-        assert sstats.chisquare(counts, n * np.array([0.5, 0.3, 0.2])).pvalue > 1e-3
+    u = TokenNoise(0).uniforms(np.arange(2 * n) // 2, np.arange(2 * n) % 2).reshape(n, 2)
+    counts, accepted = np.zeros((2, 3)), 0
+    for k in range(n):
+        m, toks = verify_sampling(p_logits, np.array([0]), sp, u[k])
+        first = int(inverse_cdf(filtered_probs(p_logits[:1], 1.0), u[k, :1])[0])
+        assert toks[0] == first and (m == 1) == (first == 0)
+        counts[0, toks[0]] += 1
+        accepted += m
+        if m:
+            counts[1, toks[1]] += 1
+    assert sstats.chisquare(counts[0], n * np.array([0.5, 0.3, 0.2])).pvalue > 1e-3
+    assert sstats.chisquare(counts[1], accepted * np.array([0.1, 0.1, 0.8])).pvalue > 1e-3
+    assert abs(accepted / n - 0.5) < 4.5 * np.sqrt(0.25 / n)
 
 
 # -- speculative sampling: the output distribution is the target's ------------------------------
-def _wrong_verify(logits, draft, sampling, q, rng):
-    """A classic mistake: on rejection, resample from p instead of the residual max(0, p - q)."""
+def _wrong_verify(logits, draft, sampling, u):
+    """A classic mistake: a draft token x is accepted with probability p(x) (u < p(x)), and on
+    rejection the token is drawn from p itself (at the rest of the uniform, which is uniform again),
+    not from p without x: x then comes out with probability p(x) (2 - p(x))."""
     p = filtered_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
     for j, x in enumerate(draft):
-        qx = 1.0 if q is None else float(q[j, x])
-        if qx > 0 and rng.random() < min(1.0, p[j, x] / qx):
+        if u[j] < p[j, x]:
             continue
-        return j, [int(t) for t in draft[:j]] + [int(rng.choice(p.shape[1], p=p[j]))]
-    return draft.size, [int(t) for t in draft] + [int(rng.choice(p.shape[1], p=p[draft.size]))]
+        rest = np.array([(u[j] - p[j, x]) / (1 - p[j, x])])
+        return j, [int(t) for t in draft[:j]] + [int(inverse_cdf(p[j : j + 1], rest)[0])]
+    return draft.size, [int(t) for t in draft] + [int(inverse_cdf(p[-1:], u[-1:])[0])]
 
 
 def _target_joint(model, prompt, sp):
@@ -421,7 +467,7 @@ def _chi2_pvalue(model, tok, prompt, sp, *, layout, make, verifier=None, calls=1
     counts = np.zeros(len(keys))
     for c in range(calls):
         res = speculative_generate(
-            model, tok, [prompt] * B, max_new_tokens=3, sampling=sp, stop=[], rng=np.random.default_rng(c),
+            model, tok, [prompt] * B, max_new_tokens=3, sampling=sp, stop=[], noise=TokenNoise(c),
             drafter=make(), max_draft=2, layout=layout, verifier=verifier,
         )  # fmt: skip
         for t in res.tokens:
@@ -440,8 +486,8 @@ class GreedyTargetDrafter(DraftModelDrafter):
 
     name = "greedy_target"
 
-    def begin(self, prompts, references=None, sampling=None, rng=None, max_new_tokens=512, max_active=None):
-        super().begin(prompts, references, GREEDY, rng, max_new_tokens, max_active)
+    def begin(self, prompts, references=None, sampling=None, noise=None, max_new_tokens=512, max_active=None):
+        super().begin(prompts, references, GREEDY, noise, max_new_tokens, max_active)
 
 
 SAMPLING_CASES = [

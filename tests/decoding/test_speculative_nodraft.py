@@ -11,7 +11,7 @@ from decoding._threads import blas_threads
 from decoding.autoregressive import autoregressive_generate
 from decoding.cost_model import CostModel, DraftBudget
 from decoding.drafters import Drafter, Proposal
-from decoding.sampling import SamplingParams
+from decoding.sampling import SamplingParams, TokenNoise
 
 
 @pytest.fixture(autouse=True)
@@ -50,13 +50,13 @@ def test_no_draft_step_is_the_autoregressive_step(tiny64, monkeypatch, B):
     assert spec_mod.decode_step is ar_mod.decode_step  # one step function for both loops
     ar_calls = _counting(monkeypatch, ar_mod, "decode_step")
     ref = autoregressive_generate(
-        model, tok, ids, max_new_tokens=10, sampling=SamplingParams(), stop=[], rng=np.random.default_rng(0)
+        model, tok, ids, max_new_tokens=10, sampling=SamplingParams(), stop=[], noise=TokenNoise(0)
     )
     spec_calls = _counting(monkeypatch, spec_mod, "decode_step")
     packed = _counting(monkeypatch, spec_mod, "packed_step")
     steep = DraftBudget(CostModel((1, 2), (1.0, 2.0)))  # a second token costs as much as the first
     res = spec_mod.speculative_generate(
-        model, tok, ids, max_new_tokens=10, sampling=SamplingParams(), stop=[], rng=np.random.default_rng(0),
+        model, tok, ids, max_new_tokens=10, sampling=SamplingParams(), stop=[], noise=TokenNoise(0),
         drafter=AlwaysDrafter(), max_draft=4, budget=steep,
     )  # fmt: skip
     assert res.tokens == ref.tokens
@@ -71,7 +71,7 @@ def test_drafting_steps_still_verify(tiny64, monkeypatch):
     packed = _counting(monkeypatch, spec_mod, "packed_step")
     res = spec_mod.speculative_generate(
         model, tok, [[3, 4, 5]], max_new_tokens=8, sampling=SamplingParams(), stop=[],
-        rng=np.random.default_rng(0), drafter=AlwaysDrafter(), max_draft=4, budget=None,
+        noise=TokenNoise(0), drafter=AlwaysDrafter(), max_draft=4, budget=None,
     )  # fmt: skip
     # every step with a draft is verified; the last step, with one token left, has no room for one
     assert res.stats["draft_tokens"] > 0 and len(packed) == res.stats["target_forwards"] - 2

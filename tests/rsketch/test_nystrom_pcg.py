@@ -230,6 +230,28 @@ def test_a_zero_or_rounding_level_psd_matrix_is_psd():
         nystrom_pcg(np.diag([3.0, 2.0, -1.0, 0.5]), np.ones(4), 0.1, seed=0)
 
 
+def test_residuals_are_those_of_x_and_converged_means_tol_or_the_rounding_floor():
+    # CG's recurrence drifts from the residual of x in float32: it said 7e-13 where x's was 2e-6,
+    # and converged=True claimed tol=1e-12. The reported residual is x's now, and converged means
+    # tol or the floor below which the residual cannot be computed.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 500)) * np.exp(-np.arange(500) / 30)
+    y = rng.standard_normal(500)
+    for dtype, mu in ((np.float32, 1e-1), (np.float64, 1e-4), (np.float64, 1e-1)):
+        A, b = (X.T @ X).astype(dtype), y.astype(dtype)
+        res = nystrom_pcg(A, b, mu, seed=0)
+        A64, x64 = A.astype(np.float64), res.x.astype(np.float64)
+        true = np.linalg.norm(b - A64 @ x64 - mu * x64) / np.linalg.norm(b)
+        assert res.residual_norms[0] == pytest.approx(true, rel=0.05, abs=10 * float(np.finfo(dtype).eps))
+        assert res.converged
+        ref = np.linalg.solve(A64 + mu * np.eye(500), y)
+        assert np.linalg.norm(x64 - ref) <= 1e3 * np.finfo(dtype).eps * np.linalg.norm(ref)
+    # float32 cannot reach mu = 1e-4 here (cond(A + mu I) u = 0.4): not converged, and says why
+    with pytest.warns(ConvergenceWarning, match="above tol=1e-12 and the rounding floor of float32"):
+        res = nystrom_pcg((X.T @ X).astype(np.float32), y.astype(np.float32), 1e-4, seed=0)
+    assert not res.converged
+
+
 def test_wide_ridge_on_a_constant_design_is_the_mean():
     # Centred, X is zero: X.T X = 0 (it failed as "not positive semi-definite"); Ridge gives coef 0
     # and the intercept mean(y), as for one sample.

@@ -6,10 +6,26 @@ import numbers
 import time
 
 import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
 
 from rsketch._backend import like
-from rsketch._validation import LSTSQ_INNER_SOLVERS, LSTSQ_METHODS, check_int, check_option
-from rsketch.linalg._common import column_norms, design_for, resolve_sketch, validate_problem
+from rsketch._validation import (
+    LSTSQ_INNER_SOLVERS,
+    LSTSQ_METHODS,
+    check_finite,
+    check_int,
+    check_option,
+    check_seed,
+)
+from rsketch.linalg._common import (
+    SKETCH_KINDS,
+    column_norms,
+    default_sketch_size,
+    design_for,
+    resolve_sketch,
+    validate_problem,
+)
 from rsketch.linalg._ihs import ihs
 from rsketch.linalg._precondition import (
     GRAM_MAX_P,
@@ -161,10 +177,15 @@ def lstsq(
     tol = _check_tol(tol, method)
     if max_iter is not None:
         max_iter = check_int(max_iter, "max_iter", minimum=1)
-    S, r = resolve_sketch(sketch, n, p, sketch_size, method, seed, X)
+    check_seed(seed)  # checked here too: a direct solve draws no sketch
+    direct = _solves_directly(sketch, sketch_size, method, n, p, X)
+    S, r = (None, n) if direct else resolve_sketch(sketch, n, p, sketch_size, method, seed, X)
     Y, y_shift = scale_columns(Y)
     log = SolverLog()
-    if method == "ihs":
+    if direct:
+        X, x_shift = scale_design(X)
+        coef, rank, rnorm, iterations, converged = _direct_solve(X, Y, log)
+    elif method == "ihs":
         X, x_shift = scale_design(X)
         coef, iterations, converged, rnorm, rank = ihs(
             X, Y, S, tol=tol, max_iter=100 if max_iter is None else max_iter, log=log
@@ -227,6 +248,38 @@ def lstsq(
         sketch_size=int(r),
         log=log,
     )
+
+
+def _solves_directly(sketch, sketch_size, method, n, p, X) -> bool:
+    """Whether no sketch can be smaller than ``X``: the default ``sketch_size`` (a kind named, no
+    size given) has at least ``n`` rows, for an ``X`` in memory (NumPy, dense or sparse). Such a
+    sketch only mixes the rows (and a square sparse sign of ``+-1`` entries can be singular on
+    ``range(X)``: a 2 x 1 column of ones came out rank 0, with ``coef = 0``), so ``X`` is solved
+    by LAPACK instead."""
+    if not isinstance(sketch, str) or sketch_size is not None or sketch not in SKETCH_KINDS:
+        return False
+    if not (isinstance(X, np.ndarray) or sp.issparse(X)):
+        return False
+    return default_sketch_size(method, n, p) >= n
+
+
+#: The direct solve's rank: singular values of ``X`` above this many ``u = eps / 2`` times the
+#: largest, the rule the sketched solvers apply to ``S X`` (``docs/solvers.md``).
+DIRECT_RANK_ULPS = 8
+
+
+def _direct_solve(X, Y, log):
+    """LAPACK's ``gelsd`` (SVD; the minimum-norm solution where ``X`` is rank-deficient), for the
+    scaled ``X`` and ``Y``: ``(coef, rank, residual norms, iterations, converged)``."""
+    t0 = time.perf_counter()
+    check_finite(X, "X")  # the sketched paths find NaN/inf through the sketch's pass
+    Xd = X.toarray() if sp.issparse(X) else X
+    u = np.finfo(np.float64).eps / 2
+    coef, _, rank, _ = scipy.linalg.lstsq(
+        Xd, Y, cond=DIRECT_RANK_ULPS * u, lapack_driver="gelsd", check_finite=False
+    )
+    log.factor, log.finish = time.perf_counter() - t0, "direct"
+    return coef, int(rank), column_norms(Y - Xd @ coef), 0, True
 
 
 def _residual_norms(design, Y, coef):

@@ -47,7 +47,8 @@ class SolverLog:
         The estimate for the returned ``coef`` (per right-hand side); None for sketch-and-solve,
         which computes no gradient.
     finish : str
-        The finishing iteration used (``"refine"``, ``"ihs"`` or ``"none"``).
+        The finishing iteration used (``"refine"``, ``"ihs"``, ``"none"``, or ``"direct"`` where
+        ``X`` was solved by LAPACK, no sketch being smaller).
     inner : str
         ``"precondition"``: how the refinement's corrections were solved: ``"cg"`` (conjugate
         gradients, a pass over ``X`` per iteration), ``"gram"`` (a Cholesky solve with ``X.T X``,
@@ -94,13 +95,15 @@ class LstsqResult:
         Whether the stopping test was met (always True for sketch-and-solve, which is direct).
     method : str
         ``"sketch_and_solve"``, ``"precondition"`` or ``"ihs"``.
-    sketch : SketchOperator
-        The operator used (the first one for IHS).
+    sketch : SketchOperator or None
+        The operator used (the first one for IHS); None where no sketch could be smaller than
+        ``X`` (the default ``sketch_size`` reaches ``n``) and ``X`` was solved by LAPACK's
+        ``gelsd`` (``iterations`` 0, ``log.finish`` ``"direct"``).
     rank : int
         Numerical rank of ``X`` as seen through the sketch (singular values of ``S X`` above
-        ``max(r, p) * eps`` times the largest).
+        ``max(r, p) * eps`` times the largest), or of ``X`` itself when solved directly.
     sketch_size : int
-        ``r``, the number of rows of the sketch.
+        ``r``, the number of rows of the sketch (``n`` when solved directly).
     log : SolverLog
         Timings (sketch, factorisation, presolve, iterations) and the gradient history.
 

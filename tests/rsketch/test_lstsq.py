@@ -269,6 +269,26 @@ def test_zero_rhs_and_zero_matrix():
 
 
 # ----------------------------------------------------------------------------------- result and log
+@pytest.mark.parametrize("method", ["precondition", "sketch_and_solve", "ihs"])
+def test_a_design_no_sketch_can_shrink_is_solved_directly(method):
+    # With n at most the default sketch size, a sketch only mixes the rows, and a square sparse sign
+    # of +-1 entries can be singular on range(X): a 2 x 1 column of ones came out rank 0, coef 0,
+    # converged=True (sketch_and_solve, ihs). Such X is solved by LAPACK (gelsd), sketch None.
+    rng = np.random.default_rng(3)
+    for X in (np.ones((2, 1)), rng.standard_normal((5, 2)), rng.standard_normal((20, 3)), np.ones((4, 2))):
+        y = X @ np.arange(1.0, X.shape[1] + 1) + 0.1 * rng.standard_normal(X.shape[0])
+        for A in (X, sp.csr_matrix(X)):
+            res = rsketch.lstsq(A, y, method=method, seed=0)
+            assert res.sketch is None and res.log.finish == "direct" and res.converged
+            np.testing.assert_allclose(res.coef, np.linalg.lstsq(X, y, rcond=None)[0], rtol=1e-12, atol=1e-14)
+            assert res.rank == np.linalg.matrix_rank(X) and res.sketch_size == X.shape[0]
+    # a size or an operator given is the caller's: sketched as asked
+    X = rng.standard_normal((60, 3))
+    assert rsketch.lstsq(X, X @ np.ones(3), sketch_size=30, method=method, seed=0).sketch is not None
+    with pytest.raises(ValueError, match="X contains NaN"):
+        rsketch.lstsq(np.where(X > 2, np.nan, X), X[:, 0], method=method, seed=0)
+
+
 def test_result_fields_and_log():
     Pb = make_problem(N, P, cond=1e2, n_rhs=2, seed=0)
     res = rsketch.lstsq(Pb.X, Pb.y, seed=0)

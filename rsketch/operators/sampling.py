@@ -169,9 +169,28 @@ def _check_scores(scores, input_dim):
     s = check_real_vector(scores, input_dim, "scores")
     if (s < 0).any():
         raise ValueError("scores must be non-negative (leverage scores lie in [0, 1])")
-    if s.sum() <= 0:
+    if s.max() <= 0:  # not the sum, which can overflow for finite scores
         raise ValueError("scores are all zero; at least one row must have positive leverage")
     return s
+
+
+def _scores_and_sum(s):
+    """``(s, sum(s))`` for finite non-negative ``s``, rescaled by ``max(s)`` only if the sum overflows.
+
+    Only proportions matter; scores of ordinary size are returned as they are, so the
+    probabilities keep their exact rounding.
+
+    Examples
+    --------
+    >>> _scores_and_sum(np.array([1e308, 1e308, 0.0]))
+    (array([1., 1., 0.]), np.float64(2.0))
+    """
+    with np.errstate(over="ignore"):
+        total = s.sum()
+    if not math.isfinite(total):
+        s = s / s.max()
+        total = s.sum()
+    return s, total
 
 
 class LeverageSampling(_RowSampling):
@@ -215,7 +234,8 @@ class LeverageSampling(_RowSampling):
         super().__init__(input_dim, sketch_size, seed=seed, dtype=dtype)
         self.scores = _check_scores(scores, self.input_dim)
         self.uniform_mix = mix = check_uniform_mix(uniform_mix)
-        self.probabilities = (1 - mix) * self.scores / self.scores.sum() + mix / self.input_dim
+        s, total = _scores_and_sum(self.scores)
+        self.probabilities = (1 - mix) * s / total + mix / self.input_dim
         self._cdf = np.cumsum(self.probabilities)
         self._idx = None
 

@@ -269,6 +269,21 @@ def test_leverage_from_matrix():
     np.testing.assert_array_equal(S.to_dense(), exact.to_dense())
 
 
+def test_leverage_scores_whose_sum_overflows():
+    # Finite scores near the float64 maximum: their sum overflows, yet only proportions matter.
+    S = rsketch.make_sketch("leverage", 4, 100000, scores=[1e308] * 4, seed=0)
+    np.testing.assert_allclose(S.probabilities, 0.25, rtol=1e-15)
+    D = S.to_dense()
+    np.testing.assert_allclose(np.diag(D.T @ D), 1, rtol=0.05)
+    S = rsketch.make_sketch("leverage", 4, 5, scores=[1e308, 1e308, 0, 0], uniform_mix=0.0, seed=0)
+    np.testing.assert_allclose(S @ np.ones(4), math.sqrt(2 / 5), rtol=1e-15)
+    # Scores of ordinary size keep their probabilities bitwise (no rescaling).
+    scores = np.random.default_rng(1).random(50) ** 3
+    mix = 0.1
+    expect = (1 - mix) * scores / scores.sum() + mix / 50
+    np.testing.assert_array_equal(rsketch.LeverageSampling(50, 5, scores=scores).probabilities, expect)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 300),

@@ -554,6 +554,7 @@ def efficiency(
         _check_noise_scale(X, beta, sigma, n_noise)
     if y is not None:
         y = _check_response(X, y, n) if device else check_real_vector(y, n, "y")
+        y = _unit_scaled(y)
     root = seed_sequence(seed)
 
     # Per draw: [U, y] and S^T Q (closed form), or the noise, fits and residuals (simulate), each n x width.
@@ -739,6 +740,31 @@ def _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options)
     if sketch == "uniform" and not sketch_options.get("replace", True) and r > n:
         raise ValueError(f"sketch_size must be <= n = {n} for uniform sampling without replacement, got {r}")
     return r
+
+
+def _unit_scaled(y):
+    """``y`` times the power of two (exact) that brings ``max |y|`` into ``[1/2, 1)``.
+
+    C_WC does not depend on the scale of ``y``, but its sums of squares do: at ``|y| ~ 1e155`` they
+    overflow, at ``1e-160`` they lose digits to subnormals, and either way ``y`` looked like it lay in
+    the column space of ``X``. A zero ``y`` is returned as it is (``_wc_parts`` rejects it).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from rsketch.stats._efficiency import _unit_scaled
+    >>> _unit_scaled(np.array([3.0, -1e-300, 0.0])).tolist()
+    [0.75, -2.5e-301, 0.0]
+    >>> _unit_scaled(np.array([5e-324])).tolist()  # the smallest subnormal, 2**-1074: exactly 1/2
+    [0.5]
+    """
+    xp = array_namespace(y)
+    top = float(to_host(xp.max(xp.abs(y))))
+    if top == 0.0:
+        return y
+    shift = -math.frexp(top)[1]  # in [-1024, 1074]: 2.0**shift alone may overflow, so in two halves
+    half = shift // 2
+    return (y * 2.0**half) * 2.0 ** (shift - half)
 
 
 def _wc_parts(y, U):

@@ -257,3 +257,17 @@ def test_bad_designs_and_responses():
         res.draws("wc")
     with pytest.raises(ValueError, match="q must"):
         res.quantile("pe", 1.5)
+
+
+@pytest.mark.parametrize("method", ["closed_form", "simulate"])
+def test_worst_case_does_not_depend_on_the_scale_of_y(method):
+    # C_WC is scale-free; its sums of squares overflowed at |y| ~ 1e155 (a false "column space"
+    # error) and lost digits to subnormals at 1e-160.
+    X, y = _problem(300, 5, 11)
+    args = {"sketch": "gaussian", "sketch_size": 50, "n_sketches": 4, "seed": 0, "method": method}
+    if method == "simulate":
+        args["n_noise"] = 20
+    base = rsketch.efficiency(X, y=y, **args).wc_draws
+    for scale in (1e-300, 1e-170, 1e-160, 1e-20, 1e20, 1e155, 1e300):
+        wc = rsketch.efficiency(X, y=y * scale, **args).wc_draws
+        np.testing.assert_allclose(wc, base, rtol=1e-12, err_msg=f"scale {scale:g}")

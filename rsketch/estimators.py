@@ -8,6 +8,7 @@ import numbers
 
 import array_api_compat
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 import sklearn
 from array_api_compat import device
@@ -22,7 +23,6 @@ from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sk
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
 from rsketch.linalg._lowrank import RANGE_METHODS
-from rsketch.linalg._precondition import RANK_CUTOFF
 from rsketch.operators import SketchOperator
 
 # A ridge design this wide gets Nyström-preconditioned CG on the normal equations (issue 21): the
@@ -80,6 +80,13 @@ def _check_fit_device(estimator, fitted, X, method):
             f"given {given[0]} input (device {given[1]}); pass X on the fit's device, or refit"
         )
     _require_dispatch(X, method)
+
+
+def _squared_norm(A) -> float:
+    """``||A||_F^2`` of a dense or sparse NumPy ``A`` (one pass), in a scaled sum: no overflow."""
+    data = A.data if sp.issparse(A) else np.asarray(A)
+    scale = float(np.abs(data).max(initial=0.0))
+    return 0.0 if scale == 0 else scale**2 * float(np.sum(np.square(data / scale)))
 
 
 def _is_wide(n, p):
@@ -161,6 +168,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             A = sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None]
         b = (y - y_mean) * (sw[:, None] if y.ndim == 2 else sw)
         q = A.shape[1]
+        if alpha > 0 and not is_non_numpy_array(A) and alpha >= _squared_norm(A[:, :p]):
+            return self._fit_penalty_dominated(A, b, alpha, x_mean, y_mean, y, intercept_col)
         if alpha > 0:
             pen = np.sqrt(alpha) * np.eye(q)
             if intercept_col:
@@ -177,10 +186,12 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             else default_sketch_size(self.method, max(m, q), q)
         )
         if r >= n or m < q:
-            # Tiny data: a sketch as large as the data saves nothing. Solve directly (minimum norm,
-            # singular values below 8 u s_max dropped: the rank rule of rsketch.lstsq), on the host.
+            # Tiny data: a sketch as large as the data saves nothing. Solve directly (minimum norm),
+            # on the host, singular values below max(m, q) u s_max dropped (NumPy's matrix_rank rule):
+            # centring a wide X leaves a rounding-level one of order sqrt(n) u ||X|| (4e-15 of the
+            # largest), which lstsq's 8 u kept, and coef_ came out 1-12% off LinearRegression's.
             Ad = A.toarray() if sp.issparse(A) else to_host(A)
-            rcond = RANK_CUTOFF * np.finfo(np.float64).eps / 2
+            rcond = max(Ad.shape) * np.finfo(np.float64).eps
             coef = like(np.linalg.lstsq(Ad, to_host(b), rcond=rcond)[0], b)
             self.n_iter_ = 0
             self.solver_ = "direct"
@@ -194,6 +205,33 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             coef = coef[:-1]
         else:
             intercept = y_mean - x_mean @ coef if self.fit_intercept else like(np.zeros(y.shape[1:]), y)
+        self._set_coefficients(coef, intercept)
+        return self
+
+    def _fit_penalty_dominated(self, A, b, alpha, x_mean, y_mean, y, intercept_col):
+        """Ridge where ``alpha >= ||A||_F^2``: the normal equations ``(A.T A + alpha I) coef = A.T b``
+        by Cholesky, whose matrix then has a condition number of at most 2, so ``coef`` is accurate to
+        ``O(u)``. The augmented least-squares system, backward stable only normwise, lets its
+        ``sqrt(alpha)`` rows swamp the data rows there: at ``X`` of ``1e-35`` with ``alpha = 1``, or
+        ``alpha = 1e70`` with ``X`` of order one, ``coef_`` was off ``Ridge``'s by ``1e3`` and ``34``.
+        A sparse ``A``'s unpenalised intercept column ``a`` (its last) is eliminated first: the
+        equations for the rest are those of the centred columns, ``B.T (I - a a.T / a.T a) B``."""
+        B = A[:, :-1] if intercept_col else A
+        G = np.asarray((B.T @ B).toarray() if sp.issparse(B) else B.T @ B, dtype=np.float64)
+        rhs = np.asarray(B.T @ b, dtype=np.float64)
+        if intercept_col:
+            a = np.asarray(A[:, -1].toarray()).ravel()
+            ata, Bta, atb = float(a @ a), np.asarray(B.T @ a).ravel(), np.asarray(a @ b)
+            if ata > 0:
+                G -= np.outer(Bta, Bta) / ata
+                rhs -= np.multiply.outer(Bta, atb) / ata
+        G[np.diag_indices_from(G)] += alpha
+        coef = scipy.linalg.cho_solve(scipy.linalg.cho_factor(G), rhs, check_finite=False)
+        if intercept_col:
+            intercept = (atb - Bta @ coef) / ata if ata > 0 else np.zeros(y.shape[1:])
+        else:
+            intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        self.n_iter_, self.solver_ = 0, "cholesky"
         self._set_coefficients(coef, intercept)
         return self
 
@@ -328,13 +366,16 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             else default_sketch_size(self.method, A.shape[0], p)
         )
         if r >= n:  # tiny data: solved directly, as in memory
-            coef = np.linalg.lstsq(A.compute(), b, rcond=RANK_CUTOFF * np.finfo(np.float64).eps / 2)[0]
+            Ad = A.compute()
+            coef = np.linalg.lstsq(Ad, b, rcond=max(Ad.shape) * np.finfo(np.float64).eps)[0]  # as in memory
             self.n_iter_, self.solver_ = 0, "direct"
         else:
             res = lstsq(A, b, sketch=self.sketch, sketch_size=r, method=self.method, seed=self.random_state)
             coef, self.n_iter_, self.solver_ = res.coef, int(res.iterations), self.method
         intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
         self.n_features_in_ = p
+        if hasattr(self, "feature_names_in_"):  # a Dask array has no column names: a refit forgets them
+            del self.feature_names_in_
         self.coef_ = coef.T if coef.ndim == 2 else coef
         self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
         return self

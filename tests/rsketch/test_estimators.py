@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -100,6 +102,53 @@ def test_tiny_data_solves_directly():
     model = SketchedLinearRegression().fit(X, y)
     assert model.solver_ == "direct" and model.n_iter_ == 0
     np.testing.assert_allclose(model.coef_, LinearRegression().fit(X, y).coef_, rtol=1e-10)
+
+
+def test_a_wide_fit_is_the_minimum_norm_solution():
+    # Centring a wide X leaves a singular value of rounding size (4e-15 of the largest); the direct
+    # solve kept it at 8 u, and coef_ was 1-12% off LinearRegression's. NumPy's rank rule drops it.
+    rng = np.random.default_rng(0)
+    for n, p in ((150, 400), (30, 80)):
+        X, y = rng.standard_normal((n, p)) + 2, rng.standard_normal(n)
+        ours, ref = SketchedLinearRegression(random_state=0).fit(X, y), LinearRegression().fit(X, y)
+        assert ours.solver_ == "direct"
+        np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-10, atol=1e-12 * np.abs(ref.coef_).max())
+        assert ours.intercept_ == pytest.approx(ref.intercept_, rel=1e-10)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "csr"])
+def test_ridge_where_the_penalty_dominates_matches_sklearn(fmt):
+    # alpha >= ||X||_F^2: the augmented least-squares system lets its sqrt(alpha) rows swamp the data
+    # rows (coef_ off Ridge's by 1e3 at X of 1e-35, by 34 at alpha 1e70); the normal equations then
+    # have a condition number of at most 2 and are solved by Cholesky.
+    rng = np.random.default_rng(1)
+    y, w = rng.standard_normal((2000, 2)) + 5, rng.uniform(0, 2, 2000)
+    for scale, alpha, fit_intercept in ((1e-35, 1.0, True), (1.0, 1e70, True), (1.0, 1e100, False)):
+        X = scale * (rng.standard_normal((2000, 6)) + 3)
+        Xin = sp.csr_matrix(X) if fmt == "csr" else X
+        ours = SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=0).fit(
+            Xin, y, sample_weight=w
+        )
+        ref = Ridge(alpha=alpha, fit_intercept=fit_intercept, solver="cholesky").fit(X, y, sample_weight=w)
+        assert ours.solver_ == "cholesky"
+        np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-10, atol=1e-12 * np.abs(ref.coef_).max())
+        np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-12, atol=1e-12)
+
+
+def test_a_dask_refit_forgets_the_feature_names():
+    import dask
+    import dask.array as da
+    import pandas as pd
+
+    rng = np.random.default_rng(2)
+    X, y = rng.standard_normal((400, 6)), rng.standard_normal(400)
+    model = SketchedLinearRegression(random_state=0).fit(pd.DataFrame(X, columns=list("abcdef")), y)
+    with dask.config.set(scheduler="threads"):
+        model.fit(da.from_array(X[:, :4], chunks=100), da.from_array(y, chunks=100))
+    assert model.n_features_in_ == 4 and not hasattr(model, "feature_names_in_")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # sklearn warned that the feature names did not match
+        model.predict(X[:, :4])
 
 
 def test_pipeline_and_grid_search():

@@ -51,6 +51,11 @@ MEASURES = ("pe", "re", "wc")
 
 # Bootstrap resamples for the interval on each mean (BCa): enough for a stable 2.5 % quantile.
 _N_BOOT = 4000
+# Memory each draw holds whatever n and p: its two seeds (SeedSequence objects, about 400 bytes each),
+# its row of results and, at the end, its column of each BCa bootstrap (an int64 index and a float64
+# value for each of the _N_BOOT resamples). Checked before any seed is spawned (n_sketches=10**12
+# otherwise ran for hours towards a bare MemoryError).
+_PER_DRAW_BYTES = 2 * 400 + 8 * 8 + 16 * _N_BOOT
 # Dense Gaussian sketches are generated once per draw and kept (S @ U and S.T @ Q then reuse them)
 # when they fit in this many bytes; otherwise they are generated twice (once per product).
 _GAUSSIAN_CACHE_BYTES = 512 * 2**20
@@ -733,7 +738,12 @@ def _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options)
     check_sketch_kind(sketch, "sketch")
     check_sketch_options(sketch, sketch_options, "efficiency")
     r = check_int(sketch_size, "sketch_size", minimum=1)
-    check_int(n_sketches, "n_sketches", minimum=1)
+    n_sketches = check_int(n_sketches, "n_sketches", minimum=1)
+    check_allocation(
+        _PER_DRAW_BYTES * n_sketches,
+        f"efficiency with n_sketches={n_sketches}",
+        "use fewer n_sketches (a few hundred already give tight intervals)",
+    )
     check_option(method, "method", EFFICIENCY_METHODS)
     if sketch in ("srht", "srdct") and r > n:
         raise ValueError(f"sketch_size must be <= n = {n} for sketch={sketch!r} (it selects rows), got {r}")

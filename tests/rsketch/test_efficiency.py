@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import rsketch
+from rsketch import _validation
 from rsketch.experiments.designs import leverage_scores, make_design
+from rsketch.stats import _efficiency
 from rsketch.stats._efficiency import bca_interval
 
 FAMILIES = ["gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"]
@@ -271,3 +273,12 @@ def test_worst_case_does_not_depend_on_the_scale_of_y(method):
     for scale in (1e-300, 1e-170, 1e-160, 1e-20, 1e20, 1e155, 1e300):
         wc = rsketch.efficiency(X, y=y * scale, **args).wc_draws
         np.testing.assert_allclose(wc, base, rtol=1e-12, err_msg=f"scale {scale:g}")
+
+
+def test_too_many_sketches_fail_before_any_draw(monkeypatch):
+    # n_sketches=10**12 spawned seeds for hours before a bare MemoryError.
+    X, _ = _problem(50, 3, 12)
+    monkeypatch.setattr(_validation, "available_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(_efficiency, "orthonormal_basis", lambda X: pytest.fail("went on to the draws"))
+    with pytest.raises(MemoryError, match="n_sketches"):
+        rsketch.efficiency(X, sketch="gaussian", sketch_size=10, n_sketches=10**12, seed=0)

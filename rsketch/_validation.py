@@ -73,6 +73,31 @@ def _float_dtype_for_namespace(A, name: str) -> np.dtype:
     raise TypeError(f"{name} must be a numeric (real) array; got dtype {A.dtype}")
 
 
+def _plain_ndarray(A, name: str) -> np.ndarray:
+    """An ndarray subclass as a base-class ndarray; a masked array with masked entries is refused.
+
+    The kernels use ``*`` as elementwise product, which ``np.matrix`` makes a matrix product;
+    a mask would be ignored, silently reading the values it hides.
+
+    Examples
+    --------
+    >>> type(_plain_ndarray(np.matrix([[1.0], [2.0]]), "A")).__name__
+    'ndarray'
+    >>> _plain_ndarray(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "A")
+    Traceback (most recent call last):
+    ...
+    TypeError: A is a masked array with masked entries, which rsketch cannot honour: pass A.filled(value)...
+    """
+    if isinstance(A, np.ma.MaskedArray):
+        if np.ma.getmaskarray(A).any():
+            raise TypeError(
+                f"{name} is a masked array with masked entries, which rsketch cannot honour: "
+                f"pass {name}.filled(value) or {name}.data"
+            )
+        return np.asarray(A.data)
+    return np.asarray(A)
+
+
 def check_operand(
     A, rows: int | None, name: str = "A", *, check_finite_values: bool = True, rows_label: str | None = None
 ):
@@ -81,7 +106,8 @@ def check_operand(
     Returns ``(A2, is_vector)`` where ``A2`` is a 2-D float32/float64 NumPy array or a CSR/CSC
     matrix with ``rows`` rows (any number if None); a vector becomes one column and integer
     input becomes float64. Arrays of other namespaces (CuPy, ...) are checked the same way and
-    returned in their own namespace. NaN/inf raise ``ValueError`` unless
+    returned in their own namespace. NumPy subclasses become plain arrays (``np.matrix``; a masked
+    array only without masked entries, else ``TypeError``). NaN/inf raise ``ValueError`` unless
     ``check_finite_values=False``, which skips that full pass over A for callers that check
     their (small) output instead (see ``SketchOperator.__matmul__``). ``rows_label`` says where
     the row count comes from in the message (e.g. ``"the sketch's input_dim"``).
@@ -102,6 +128,8 @@ def check_operand(
         if check_finite_values:
             check_finite(A, name)
         return A, False
+    if isinstance(A, np.ndarray) and type(A) is not np.ndarray:
+        A = _plain_ndarray(A, name)
     if not hasattr(A, "__array_namespace__") and not isinstance(A, np.ndarray):
         try:
             A = np.asarray(A)
@@ -146,6 +174,8 @@ def check_real_vector(value, length: int, name: str) -> np.ndarray:
     ...
     ValueError: beta contains NaN or infinite values
     """
+    if isinstance(value, np.ma.MaskedArray):
+        value = _plain_ndarray(value, name)
     try:
         v = np.asarray(value)
     except (TypeError, ValueError) as exc:

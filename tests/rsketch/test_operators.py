@@ -328,6 +328,29 @@ class TestBadInput:
         with pytest.raises(ValueError, match="3 rows"):
             S.T @ np.ones(4)
 
+    @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+    @pytest.mark.parametrize("kind", KINDS)
+    def test_ndarray_subclasses(self, kind):
+        # np.matrix makes '*' a matrix product: it must be taken as a plain array.
+        S = build(kind, 300, 20, seed=0)
+        X = np.random.default_rng(0).standard_normal((300, 3))
+        out = S @ np.matrix(X)
+        assert type(out) is np.ndarray
+        np.testing.assert_array_equal(out, S @ X)
+        np.testing.assert_array_equal(S.T @ np.matrix(out), S.T @ out)
+        np.testing.assert_array_equal(S @ np.ma.masked_array(X), S @ X)  # nothing masked
+        with pytest.raises(TypeError, match=r"A is a masked array.*A.filled"):
+            S @ np.ma.masked_array(X, mask=X > 1)
+
+    @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+    def test_lstsq_of_a_matrix(self):
+        X = np.random.default_rng(0).standard_normal((300, 3))
+        y = X @ np.arange(1.0, 4.0)
+        res = rsketch.lstsq(np.matrix(X), y, sketch="uniform", seed=0)
+        np.testing.assert_allclose(res.coef, [1, 2, 3], rtol=1e-10)
+        with pytest.raises(TypeError, match="masked"):
+            rsketch.LeverageSampling(3, 2, scores=np.ma.masked_array([1.0, 2, 3], mask=[0, 1, 0]))
+
     @pytest.mark.parametrize("kind", KINDS)
     def test_nan_anywhere_is_reported(self, kind):
         S = build(kind, 50, 5, seed=0)

@@ -82,6 +82,18 @@ def _check_fit_device(estimator, fitted, X, method):
     _require_dispatch(X, method)
 
 
+def _centred_sum_of_squares(X, mean, A, c, xp) -> float:
+    """``||(X - 1 mean.T) / c||_F^2``: from the column variances of ``X / c`` for a sparse ``X``, else
+    from the centred ``A`` (scaled in place: it is a copy, no longer needed)."""
+    if sp.issparse(X):
+        return float(mean_variance_axis(X.multiply(1.0 / c).tocsr(), axis=0)[1].sum()) * X.shape[0]
+    if not is_non_numpy_array(A):
+        A *= 1.0 / c
+        return float(np.einsum("ij,ij->", A, A, dtype=np.float64))
+    A = A / c
+    return float(xp.sum(A * A, dtype=xp.float64))
+
+
 def _squared_norm(A) -> float:
     """``||A||_F^2`` of a dense or sparse NumPy ``A`` (one pass), in a scaled sum: no overflow."""
     data = A.data if sp.issparse(A) else np.asarray(A)
@@ -657,16 +669,10 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         k = self._check_params(n, p)
         if sp.issparse(X):
             mean = np.asarray(X.mean(axis=0), dtype=X.dtype).ravel()
-            total_var = float(mean_variance_axis(X, axis=0)[1].sum()) * n / (n - 1)
             A = _centred(X, mean)
-        elif device_input:
-            mean = xp.mean(X, axis=0)
-            A = X - mean
-            total_var = float(xp.sum(A * A, dtype=xp.float64)) / (n - 1)
         else:
-            mean = X.mean(axis=0)
+            mean = xp.mean(X, axis=0) if device_input else X.mean(axis=0)
             A = X - mean
-            total_var = float(np.einsum("ij,ij->", A, A, dtype=np.float64)) / (n - 1)
         res = svd(
             A,
             k,
@@ -680,15 +686,23 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         )
         U, Vt = svd_flip(res.U, res.Vt, u_based_decision=False)
         s = res.s
-        ev = xp.astype(s, xp.float64) ** 2 / (n - 1)
+        # The variances in units of c^2, c a power of two near s_1 (exact): the ratios and the noise
+        # variance then neither underflow nor overflow (at X of 1e-170 the ratios were 0, at 1e200 NaN)
+        # where the variances themselves cannot be represented.
+        s64 = xp.astype(s, xp.float64)
+        c = math.ldexp(1.0, math.frexp(float(s64[0]))[1]) if float(s64[0]) > 0 else 1.0
+        squares = (s64 / c) ** 2
+        total = _centred_sum_of_squares(X, mean, A, c, xp)  # ||X - 1 mean.T||_F^2 / c^2
+        ev = squares * (c * c / (n - 1))
         self.mean_ = mean
         self.components_ = Vt
         self.singular_values_ = s
         self.explained_variance_ = xp.astype(ev, X.dtype)
-        ratio = ev / total_var if total_var > 0 else xp.zeros_like(ev)
+        ratio = squares / total if total > 0 else xp.zeros_like(squares)
         self.explained_variance_ratio_ = xp.astype(ratio, X.dtype)
         rest = min(n, p) - k
-        self.noise_variance_ = float(max(total_var - float(xp.sum(ev)), 0.0) / rest) if rest > 0 else 0.0
+        left = max(total - float(xp.sum(squares)), 0.0)
+        self.noise_variance_ = float(left * (c * c / (n - 1)) / rest) if rest > 0 else 0.0
         self.n_components_ = k
         self.n_samples_ = n
         return U, s

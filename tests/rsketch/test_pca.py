@@ -149,3 +149,17 @@ def test_bad_input():
         pca.inverse_transform(np.ones((5, 3)))
     with pytest.raises(ValueError, match="NaN"):
         SketchedPCA().fit(np.full((10, 3), np.nan))
+
+
+@pytest.mark.parametrize("fmt", ["dense", "csr"])
+def test_explained_variance_ratio_at_any_scale(fmt):
+    # The ratios are scale-free; the variances underflowed or overflowed, and the ratios with them
+    # ([0, 0, 0] at X of 1e-170, NaN at 1e200) while components_ and singular_values_ were right.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 20)) * np.exp(-np.arange(20) / 3)
+    base = SketchedPCA(3, random_state=0).fit(X)
+    for scale in (1e-170, 1e-160, 1e200):
+        Xs = X * scale
+        pca = SketchedPCA(3, random_state=0).fit(sp.csr_matrix(Xs) if fmt == "csr" else Xs)
+        np.testing.assert_allclose(pca.explained_variance_ratio_, base.explained_variance_ratio_, rtol=1e-12)
+        np.testing.assert_allclose(pca.singular_values_ / scale, base.singular_values_, rtol=1e-12)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rsketch._validation import check_int, check_sketch_kind
+from rsketch._validation import MAX_INDEX, check_float_dtype, check_int, check_sketch_kind
 from rsketch.operators.factory import check_sketch_options
-from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, check_uniform_mix
+from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, _check_scores, check_uniform_mix
 
 PAPER = "Raskutti & Mahoney (JMLR 2016), form as drawn in the Dobriban & Liu (2019) replication code"
 PAPER_SHAPE = (
@@ -189,7 +189,7 @@ def _sampling_probabilities(kind, n, p, ell, options):
         return np.full(n, 1.0 / n)
     mix = float(options.get("uniform_mix", DEFAULT_UNIFORM_MIX))
     scores = options.get("scores")
-    base = ell if scores is None else np.asarray(scores, dtype=np.float64)
+    base = ell if scores is None else scores / scores.max()  # by the maximum first: a finite sum
     return (1.0 - mix) * base / base.sum() + mix / n
 
 
@@ -436,11 +436,13 @@ def _sampling(kind, n, p, r, delta, ell, options):
         lower = n / r
         formula = "n/r"
     elif ell_eff is None:
-        q = 1 - (1 - 1 / n) ** r
+        # 1 - (1 - 1/n)^r rounds 1 - 1/n first: at n = 1e16 it was 10 % off, at 1e17 zero.
+        q = -math.expm1(r * math.log1p(-1.0 / n))
         lower = 1 / q
         formula = "1 / (1 - (1 - 1/n)^r)"
     else:
-        q = 1 - (1 - pi) ** r
+        with np.errstate(divide="ignore"):  # pi_i = 1 (one row holds all the mass): q_i = 1
+            q = -np.expm1(r * np.log1p(-pi))
         lower = p / float(np.sum(ell_eff * q))
         formula = "p / sum_i l_i (1 - (1 - pi_i)^r)"
     out.append(
@@ -521,6 +523,24 @@ def _projection_lower(kind, n, p, r, options):
     return Bound("pe", "lower", n / min(r, n), "n / min(r, n)", DERIVED, None, exact, "mean", "", note)
 
 
+def _check_options(kind, n, r, options) -> dict:
+    """The options ``make_sketch`` checks, checked the same way (``scores`` as a float64 vector); and ``r``
+    against ``n`` for the sketches that select distinct rows (as :func:`rsketch.efficiency` does)."""
+    options = dict(options)
+    if "dtype" in options:
+        check_float_dtype(options["dtype"])
+    replace = options.get("replace", True)
+    if not isinstance(replace, (bool, np.bool_)):
+        raise TypeError(f"replace must be a bool, got {type(replace).__name__}")
+    if options.get("scores") is not None:
+        options["scores"] = _check_scores(options["scores"], n)
+    if kind in ("srht", "srdct") and r > n:
+        raise ValueError(f"r must be <= n = {n} for kind={kind!r} (it selects rows), got {r}")
+    if kind == "uniform" and not replace and r > n:
+        raise ValueError(f"r must be <= n = {n} for uniform sampling without replacement, got {r}")
+    return options
+
+
 # --------------------------------------------------------------------------------------------- public
 def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> SketchBounds:
     """The theoretical bounds on C_WC, C_PE and C_RE for one sketch family.
@@ -539,7 +559,10 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
         The family's options as passed to :func:`rsketch.efficiency` (``uniform_mix`` and ``scores`` for
         leverage sampling, ``replace`` for uniform sampling, ``nnz_per_column`` for sparse sign); they change
         the sampling probabilities or the sparsity the bounds use. An option the family does not have
-        raises ``TypeError`` listing the ones it has.
+        raises ``TypeError`` listing the ones it has; the options are checked as :func:`rsketch.make_sketch`
+        checks them (``dtype`` float32 or float64, ``replace`` a bool, ``scores`` finite, non-negative, of
+        length ``n`` and not all zero), and so is ``r``: at most ``n`` for ``"srht"``, ``"srdct"`` and
+        uniform sampling without replacement, at most ``2**63 - 1`` for every family.
 
     Returns
     -------
@@ -566,9 +589,11 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
     """
     check_sketch_kind(kind, "kind")
     check_sketch_options(kind, sketch_options, "bounds")
-    n = check_int(n, "n", minimum=2)
+    # The sketches index rows with int64 (make_sketch has the same limits); beyond, floats overflow.
+    n = check_int(n, "n", minimum=2, maximum=MAX_INDEX)
     p = check_int(p, "p", minimum=1, maximum=n - 1)
-    r = check_int(r, "r", minimum=1)
+    r = check_int(r, "r", minimum=1, maximum=MAX_INDEX)
+    sketch_options = _check_options(kind, n, r, sketch_options)
     if "uniform_mix" in sketch_options:
         check_uniform_mix(sketch_options["uniform_mix"])
     if sketch_options.get("nnz_per_column") is not None:

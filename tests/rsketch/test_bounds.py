@@ -157,6 +157,20 @@ def test_chernoff_eps():
         ({"delta": 0}, ValueError, "delta"),
         ({"leverage": np.ones(5)}, ValueError, "leverage"),
         ({"leverage": np.full(100, 0.5)}, ValueError, "sum to p"),
+        # Options and sizes are checked as make_sketch and efficiency check them.
+        ({"kind": "leverage", "scores": np.ones(99)}, ValueError, "scores must have shape"),
+        ({"kind": "leverage", "scores": np.zeros(100)}, ValueError, "scores are all zero"),
+        ({"kind": "leverage", "scores": np.full(100, np.nan)}, ValueError, "scores contains NaN"),
+        ({"kind": "leverage", "scores": -np.ones(100)}, ValueError, "scores must be non-negative"),
+        ({"kind": "srht", "r": 101}, ValueError, "r must be <= n"),
+        ({"kind": "srdct", "r": 101}, ValueError, "r must be <= n"),
+        ({"r": 101, "replace": False}, ValueError, "r must be <= n"),
+        ({"replace": "no"}, TypeError, "replace"),
+        ({"dtype": "int"}, TypeError, "dtype"),
+        ({"kind": "countsketch", "r": 10**400}, ValueError, "r must be <="),
+        ({"kind": "leverage", "r": 10**400}, ValueError, "r must be <="),
+        ({"r": 10**400}, ValueError, "r must be <="),
+        ({"n": 10**400}, ValueError, "n must be <="),
     ],
 )
 def test_bad_inputs(kwargs, exc, word):
@@ -164,3 +178,18 @@ def test_bad_inputs(kwargs, exc, word):
     kind = args.pop("kind")
     with pytest.raises(exc, match=word):
         rsketch.bounds(kind, **args)
+
+
+def test_bounds_at_the_largest_sizes_stay_valid():
+    # 1 - (1 - 1/n)^r rounded 1 - 1/n first: a 10 % low lower bound at n = 1e16, ZeroDivisionError at 1e17.
+    for n in (10**16, 10**17, 2**63 - 1):
+        assert rsketch.bounds("uniform", n=n, p=5, r=50).pe_lower.value == pytest.approx(n / 50, rel=1e-12)
+    # Without replacement at r = n, and SRHT at r = n, every row is kept: the lower bound is exactly 1.
+    assert rsketch.bounds("uniform", n=300, p=5, r=300, replace=False).pe_lower.value == 1.0
+    assert rsketch.bounds("srht", n=300, p=5, r=300).pe_lower.value == 1.0
+    # Scores near the largest float: normalised by their maximum, not by an overflowing sum.
+    ell = np.full(100, 5 / 100)
+    big = rsketch.bounds("leverage", n=100, p=5, r=50, leverage=ell, scores=np.full(100, 1e308))
+    one = rsketch.bounds("leverage", n=100, p=5, r=50, leverage=ell, scores=np.ones(100))
+    assert [b.value for b in big.all] == pytest.approx([b.value for b in one.all], nan_ok=True)
+    assert math.isfinite(big.pe_upper.value)

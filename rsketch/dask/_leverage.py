@@ -8,9 +8,10 @@ import numpy as np
 import scipy.linalg
 
 from rsketch._random import derive_key, key_from_seed
+from rsketch._validation import MAX_INDEX, check_allocation, check_float_dtype, check_int
 from rsketch.dask._sketch import check_dask_operand
 from rsketch.operators.gaussian import GaussianSketch
-from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, LeverageSampling
+from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, LeverageSampling, check_uniform_mix
 from rsketch.operators.srht import SRHT
 
 
@@ -21,7 +22,8 @@ def approximate_leverage(A, key) -> np.ndarray:
     two passes over the chunks: ``R`` from the SRHT sketch ``Pi1 A`` (computed chunk by chunk, the
     small SVD on the client), then the squared row norms of ``A (R^-1 Pi2)``, a ``p x r2`` product per
     chunk. Memory: the chunks in flight and the ``n`` scores. The scores equal the in-memory ones up
-    to rounding.
+    to rounding. Column chunks are joined first (``A.rechunk({1: -1})``): a row's score needs all
+    its columns.
 
     Examples
     --------
@@ -32,6 +34,7 @@ def approximate_leverage(A, key) -> np.ndarray:
     >>> bool(np.allclose(s, in_memory(A, (1, 2)), rtol=1e-9))
     True
     """
+    A = A.rechunk({1: -1})  # the second pass multiplies whole rows by Omega (a no-op if one chunk)
     n, p = A.shape
     r1 = min(n, 4 * p + 64)
     r2 = max(32, math.ceil(4 * math.log(n)))
@@ -71,6 +74,11 @@ def leverage_sampling(A, sketch_size, *, seed=None, dtype=np.float64, uniform_mi
     (100, 5)
     """
     A, _ = check_dask_operand(A, None, "A")
+    # The operator's own checks, before the two passes over the data rather than after them.
+    r = check_int(sketch_size, "sketch_size", minimum=1, maximum=MAX_INDEX)
+    check_float_dtype(dtype)
+    check_uniform_mix(uniform_mix)
+    check_allocation(48 * r, f"the {r} sampled rows of a LeverageSampling", "use a smaller sketch_size")
     key = key_from_seed(seed)
     scores = approximate_leverage(A, key)
     return LeverageSampling(

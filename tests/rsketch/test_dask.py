@@ -182,6 +182,29 @@ def test_leverage_sampling_on_dask_matches_in_memory():
     )  # the scales carry the scores' rounding
 
 
+def test_leverage_sampling_of_column_chunks_and_bad_sketch_size():
+    A = np.random.default_rng(4).standard_normal((2000, 6))
+    S = leverage_sampling(da.from_array(A, chunks=(500, 2)), 100, seed=0)
+    ref = leverage_sampling(da.from_array(A, chunks=500), 100, seed=0)
+    np.testing.assert_array_equal(S.probabilities, ref.probabilities)
+    np.testing.assert_array_equal(S.indices(), ref.indices())
+
+    # sketch_size is checked before the two passes: reading any chunk here fails.
+    def unreadable(block):
+        raise AssertionError("a chunk was read")
+
+    Ad = da.from_array(A, chunks=500).map_blocks(unreadable, dtype=A.dtype)
+    for bad, err in [
+        (0, ValueError),
+        (-3, ValueError),
+        (2**63, ValueError),
+        (10**17, MemoryError),
+        (2.5, TypeError),
+    ]:
+        with pytest.raises(err, match="sketch_size"):
+            leverage_sampling(Ad, bad, seed=0)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def test_dask_input_errors_name_the_argument():
     S = rsketch.CountSketch(100, 10, seed=0)

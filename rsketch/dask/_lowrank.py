@@ -48,7 +48,10 @@ def refuse_nonfinite(A, name="A"):
     )
     finite = np.asarray(finite.compute()).ravel()
     if finite.all():
-        raise ValueError(f"the products of {name} overflow: its entries are too large; scale {name}")
+        raise ValueError(
+            f"the products of {name} are not finite: its entries are too large (or too small, subnormal) "
+            f"for them; scale {name}"
+        )
     i = int(np.argmin(finite))
     a = int(sum(A.chunks[0][:i]))
     raise ValueError(f"{name} (rows {a}:{a + A.chunks[0][i]}) contains NaN or infinite values")
@@ -155,6 +158,8 @@ def cqrrpt(A, SA, rank, R_sk):
     R1 = np.asarray(R_sk[:rank, :rank], dtype=A.dtype)
     A_pre = times_inverse_triangle(A, R1)
     G = np.asarray((A_pre.T @ A_pre).compute(), dtype=np.float64)
+    if not np.isfinite(G).all():  # NaN/inf in a pivot column that the sketch did not read, or overflow
+        refuse_nonfinite(A)
     try:
         R_pre = scipy.linalg.cholesky((G + G.T) / 2, lower=False, check_finite=False)
     except np.linalg.LinAlgError:

@@ -108,12 +108,14 @@ def _solve_right_upper(R, Qt):
     """
     trsm, trmm = scipy.linalg.blas.get_blas_funcs(("trsm", "trmm"), (Qt,))
     scale = np.diag(R).copy()
-    R_hat = R / scale[:, None]
-    if np.linalg.cond(R_hat) > INVERSE_MAX_COND:
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        R_hat = R / scale[:, None]
+    if not np.isfinite(R_hat).all() or np.linalg.cond(R_hat) > INVERSE_MAX_COND:  # (subnormal R: inf)
         return trsm(1.0, np.asfortranarray(R), Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
     eye = np.eye(R.shape[0], dtype=R.dtype)
     R_hat_inv = scipy.linalg.solve_triangular(R_hat, eye, trans="T", check_finite=False).T
-    R_inv = R_hat_inv / scale[None, :]  # R^-1 = R_hat^-1 diag(R)^-1
+    with np.errstate(over="ignore"):  # a subnormal diagonal: inf, and the caller falls back to geqp3
+        R_inv = R_hat_inv / scale[None, :]  # R^-1 = R_hat^-1 diag(R)^-1
     return trmm(1.0, np.asfortranarray(R_inv), Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
 
 
@@ -179,6 +181,8 @@ def _householder(A, tol):
     could not be smaller than ``A``, and where the sketch failed to reveal ``A``'s rank."""
     check_finite(A, "A")
     Q, R, perm = scipy.linalg.qr(A, mode="economic", pivoting=True, check_finite=False)
+    if not np.isfinite(R).all():
+        raise ValueError(f"A's column norms exceed the {A.dtype} range (R is not finite): scale A")
     tol = max(A.shape) * np.finfo(A.dtype).eps if tol is None else tol
     rank = _rank_of(R, tol)
     return QRPivotedResult(np.ascontiguousarray(Q[:, :rank]), R[:rank], perm, rank)
@@ -265,6 +269,10 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     if d >= m and not isinstance(sketch, SketchOperator):  # no sketch is smaller than A itself
         return _householder_of(A, tol)
     SA = _sketch(A, sketch, d, seed)
+    if not np.isfinite(SA).all():  # a finite A whose sketch overflows (entries near 1e308)
+        if is_dask_array(A):
+            dask_lowrank.refuse_nonfinite(A)
+        return _householder(A, tol)  # NaN/inf refused there; LAPACK scales huge entries safely
     _, R_sk, perm = scipy.linalg.qr(SA, mode="economic", pivoting=True, check_finite=False)
     eps = np.finfo(A.dtype).eps
     rank_tol = max(d, n) * eps if tol is None else tol
@@ -288,6 +296,7 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     G = gemm(1.0, Qt, Qt, trans_b=1)
     if not np.isfinite(G).all():  # NaN/inf in a column of A[:, perm[:k]] reaches G
         check_finite(A, "A")
+        return _householder(A, tol)  # a finite A whose products are not: subnormal or huge entries
     try:
         R_pre = scipy.linalg.cholesky(G, lower=False, check_finite=False)
     except np.linalg.LinAlgError:  # the sketch did not embed range(A): no preconditioner

@@ -364,6 +364,19 @@ def test_cqrrpt_factors_square_and_nearly_square_matrices_exactly(monkeypatch, s
     assert interpolative(np.array([[1.0, 2.0], [3.0, 4.0]]), 2, seed=0).rank == 2
 
 
+def test_cqrrpt_of_subnormal_or_huge_entries_is_right_or_refused():
+    # A subnormal triangle made the inverse's condition number a bare LinAlgError, and a sketch that
+    # overflowed gave a wrong rank: geqp3 of A (LAPACK scales safely), or an error where R cannot be
+    # represented.
+    A = np.random.default_rng(0).standard_normal((600, 20))
+    for scale, err in ((1e-310, 1e-12), (1e300, 1e-15)):
+        res = qr_pivoted(A * scale, seed=0)
+        assert res.rank == 20 and np.isfinite(res.R).all()
+        assert np.abs((A * scale)[:, res.perm] - res.Q @ res.R).max() <= err * scale * np.abs(A).max()
+    with np.errstate(over="ignore"), pytest.raises(ValueError, match="column norms exceed the float64 range"):
+        qr_pivoted(A * 1e307, seed=0)
+
+
 def test_cqrrpt_checks_a_lower_rank_than_n_and_falls_back_where_the_sketch_missed_a_direction(monkeypatch):
     calls = _is_householder(monkeypatch)
     # A good sketch of an exactly rank-7 A: the check passes, and the result is CQRRPT's.

@@ -129,6 +129,18 @@ def test_nan_in_dask_input_is_named_by_its_rows(passes):
         rsketch.svd(da.from_array(C, chunks=(20, 30)), 5, passes=passes, method="subspace", seed=0)
 
 
+def test_qr_pivoted_on_dask_refuses_nan_the_sketch_did_not_read():
+    # a uniform sample of the rows missed row 555: Q and R came back NaN with no error
+    B = np.random.default_rng(0).standard_normal((600, 30))
+    B[555, 3] = np.nan
+    S = rsketch.make_sketch("uniform", 600, 60, seed=1)
+    with (
+        dask.config.set(scheduler="threads"),
+        pytest.raises(ValueError, match=r"A \(rows 500:600\) contains NaN"),
+    ):
+        rsketch.qr_pivoted(da.from_array(B, chunks=100), sketch=S)
+
+
 def test_unsupported_dask_calls_say_so():
     Ad = da.ones((100, 5), chunks=(30, 5))
     with pytest.raises(ValueError, match="not available for Dask"):

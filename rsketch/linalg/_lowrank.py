@@ -748,7 +748,7 @@ def svd(
     rank = _check_rank(rank, m, n)
     if is_dask_array(A):
         return _dask_svd(
-            A, rank, sketch, oversample, passes, method, error_probes, flip_sign, seed, dtype, t0
+            A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0
         )
     if is_non_numpy_array(A):
         return _array_svd(
@@ -826,10 +826,10 @@ def _flip_signs(U, Vt):
     return U, Vt
 
 
-def _dask_svd(A, rank, sketch, oversample, passes, method, error_probes, flip_sign, seed, dtype, t0):
+def _dask_svd(A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0):
     """:func:`svd` of a tall Dask ``A``: ``U`` a Dask array (persisted), ``s`` and ``Vt`` in memory."""
-    keep = []
-    found = _find_range(A, dtype, rank, sketch, oversample, passes, method, None, 10, False, seed, keep)
+    keep = []  # tol: refused by _find_range (the adaptive range finder is not available for Dask)
+    found = _find_range(A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep)
     t1 = time.perf_counter()
     B = dask_lowrank.project(A, found.Q, keep)
     Ub, s, Vt = _wide_svd(B)

@@ -145,6 +145,8 @@ def test_unsupported_dask_calls_say_so():
     Ad = da.ones((100, 5), chunks=(30, 5))
     with pytest.raises(ValueError, match="not available for Dask"):
         rsketch.range_finder(Ad, 2, tol=1e-3)
+    with pytest.raises(ValueError, match="not available for Dask"):  # svd ignored tol on Dask input
+        rsketch.svd(Ad, 2, tol=1e-3)
     with pytest.raises(TypeError, match="Dask array"):
         rsketch.eigh(da.eye(10, chunks=5), 2)
     with pytest.raises(ValueError, match="tall"):

@@ -52,7 +52,8 @@ def check_dask_operand(A, rows, name: str = "A", rows_label: str | None = None):
 
     Raises ``ValueError`` for unknown chunk sizes (call ``A.compute_chunk_sizes()``), a wrong number
     of rows, an empty array or more than two dimensions; ``TypeError`` for complex or non-numeric
-    dtypes. Integer input becomes float64, float16 float32, as in memory.
+    dtypes. Integer input becomes float64, float16 float32, as in memory. Chunks of length zero
+    (left by a filter) are dropped; the other chunks are kept as they are.
 
     Examples
     --------
@@ -65,6 +66,9 @@ def check_dask_operand(A, rows, name: str = "A", rows_label: str | None = None):
     Traceback (most recent call last):
     ...
     ValueError: A has unknown chunk sizes (from boolean indexing or a filter): call A.compute_chunk_sizes()...
+    >>> y = x[x > 4].compute_chunk_sizes()  # its first chunk is empty: dropped
+    >>> y.chunks, check_dask_operand(y, 5)[0].chunks
+    (((0, 5),), ((5,), (1,)))
     """
     if any(math.isnan(c) for dim in A.chunks for c in dim):
         raise ValueError(
@@ -83,6 +87,11 @@ def check_dask_operand(A, rows, name: str = "A", rows_label: str | None = None):
         raise ValueError(f"{name} must have {rows} rows{why}, got shape {A.shape}")
     if 0 in A.shape:
         raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
+    # Zero-length chunks (a boolean filter, then compute_chunk_sizes()) would reach the per-chunk
+    # kernels and reductions as empty blocks: a lazy rechunk to the same chunks without them.
+    empty = {ax: tuple(c for c in dim if c) for ax, dim in enumerate(A.chunks) if 0 in dim}
+    if empty:
+        A = A.rechunk(empty)
     dt = np.dtype(np.float32) if kind == "f" and A.dtype.itemsize <= 4 else np.dtype(np.float64)
     is_vector = A.ndim == 1
     A = A.astype(dt)

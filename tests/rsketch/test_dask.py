@@ -423,6 +423,27 @@ def test_lstsq_dask_bad_input():
         rsketch.lstsq(da.from_array(bad, chunks=100), y, sketch=S, method="sketch_and_solve")
 
 
+def test_zero_length_chunks_from_a_filter_are_dropped():
+    X, y = _conditioned_problem(2000, 5, 10.0, seed=6)
+    keep = np.ones(2000, bool)
+    keep[500:1000] = False
+    mask = da.from_array(keep, chunks=500)
+    Xd, yd = da.from_array(X, chunks=500)[mask], da.from_array(y, chunks=500)[mask]
+    Xd.compute_chunk_sizes()
+    yd.compute_chunk_sizes()
+    assert Xd.chunks[0] == (500, 0, 500, 500)
+    # The same array without the empty chunk: bitwise the same results.
+    plain = da.from_array(X[keep], chunks=500)
+    for method in ("ihs", "sketch_and_solve", "precondition"):
+        ref = rsketch.lstsq(plain, y[keep], seed=0, method=method).coef
+        np.testing.assert_array_equal(rsketch.lstsq(Xd, y[keep], seed=0, method=method).coef, ref)
+        np.testing.assert_array_equal(rsketch.lstsq(Xd, yd, seed=0, method=method).coef, ref)
+    np.testing.assert_array_equal(rsketch.svd(Xd, 3, seed=0).s, rsketch.svd(plain, 3, seed=0).s)
+    for kind in KINDS:
+        S = rsketch.make_sketch(kind, 1500, 40, seed=1)
+        np.testing.assert_array_equal((S @ Xd).compute(), (S @ plain).compute())
+
+
 def test_lstsq_dask_several_right_hand_sides():
     X, y = _conditioned_problem(3000, 4, 100.0, seed=2)
     Y = np.column_stack([y, -2 * y + 1])

@@ -251,3 +251,17 @@ def test_gram_pass_sums_the_first_gradient_as_the_plain_kernel_does():
     assert np.all(np.abs(g - g_ref) <= gamma * (np.abs(X).T @ R))
     assert np.allclose(rn2, rn2_ref, rtol=gamma, atol=0)
     np.testing.assert_array_equal(G, cpu.gram_matrix(X, chunks))
+
+
+@pytest.mark.parametrize("kappa", [1e8, 1e10])
+def test_ihs_that_stalls_short_of_backward_stability_is_not_converged(kappa):
+    # IHS's step floor grows as kappa^2 ||r||: at kappa 1e10 a stalled run passed it with a backward
+    # error of 1.2e-11 and reported converged=True (precondition reaches 9e-16 there). A stall now
+    # counts as converged only at a backward error estimate of 10 sqrt(p) eps.
+    P = stability_problem(3000, 30, kappa=kappa, residual_norm=1, seed=1)
+    with pytest.warns(rsketch.ConvergenceWarning, match="method='ihs'"):
+        res = rsketch.lstsq(P.X, P.y, method="ihs", seed=3)
+    assert not res.converged and backward_error(P.X, P.y, res.coef) > 10 * np.sqrt(30) * 2.2e-16
+    well = stability_problem(3000, 30, kappa=1e4, residual_norm=1, seed=1)
+    res = rsketch.lstsq(well.X, well.y, method="ihs", seed=3)  # stalls at the floor, backward stable
+    assert res.converged and backward_error(well.X, well.y, res.coef) <= 10 * np.sqrt(30) * 2.2e-16

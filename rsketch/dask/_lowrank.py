@@ -59,15 +59,23 @@ def refuse_nonfinite(A, name="A"):
 
 def orth(Y, A):
     """Orthonormal basis of ``range(Y)`` for a tall Dask ``Y`` (products of ``A``), persisted:
-    CholeskyQR2, else TSQR. A Gram that is not finite is ``A``'s NaN or overflow
-    (:func:`refuse_nonfinite`), not a matrix to factor."""
+    CholeskyQR2, else TSQR. Where the Gram overflows, ``Y`` is scaled by a power of two first (only
+    its range matters; one more pass for its largest entry), as in memory; a Gram still not finite
+    is ``A``'s NaN or overflow (:func:`refuse_nonfinite`), not a matrix to factor."""
     import dask.array as da
 
     Y = Y.rechunk({1: -1}).persist()
     limit = CHOLQR_MAX_COND.get(np.dtype(Y.dtype), 1e5)
     Q = Y
-    for _ in range(2):
-        G = np.asarray((Q.T @ Q).compute(), dtype=np.float64)
+    for i in range(2):
+        with np.errstate(over="ignore", invalid="ignore"):
+            G = np.asarray((Q.T @ Q).compute(), dtype=np.float64)
+        if not np.isfinite(G).all() and i == 0:
+            top = float(abs(Y).max().compute())
+            if np.isfinite(top) and top > 0:
+                Y = (Y * np.ldexp(1.0, -int(np.frexp(top)[1]))).persist()
+                Q = Y
+                G = np.asarray((Q.T @ Q).compute(), dtype=np.float64)
         if not np.isfinite(G).all():
             refuse_nonfinite(A)
         try:
@@ -139,8 +147,16 @@ def rest_in_range(A, Q, columns, bound):
 def estimate_error(A, approx, W):
     """HMT (4.3) for a Dask ``A``: ``max_i ||A w_i - approx(w_i)||`` over the columns of ``W``
     (the caller scales it); ``approx(W)`` is a Dask array (``U (s Vt W)``, ``Q (Q.T A W)``). One pass."""
-    R = A @ W - approx(W)
-    return float(np.sqrt((R * R).sum(axis=0).compute()).max())
+    import dask
+
+    R = (A @ W - approx(W)).persist()
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares, top = dask.compute((R * R).sum(axis=0), abs(R).max(axis=0))
+    norms = np.sqrt(np.asarray(squares))
+    if not np.isfinite(norms).all():  # squares beyond the range (entries from 1e154): scaled
+        top = np.where(np.asarray(top) > 0, np.asarray(top), 1.0)
+        norms = top * np.sqrt(np.asarray(((R / top) ** 2).sum(axis=0).compute()))
+    return float(norms.max())
 
 
 def flip_signs(U, Vt):

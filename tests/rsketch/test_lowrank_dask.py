@@ -141,6 +141,18 @@ def test_qr_pivoted_on_dask_refuses_nan_the_sketch_did_not_read():
         rsketch.qr_pivoted(da.from_array(B, chunks=100), sketch=S)
 
 
+def test_dask_svd_at_any_scale():
+    # the basis' Gram and the estimate's squares overflowed from entries of 1e154 ("scale A"),
+    # where the in-memory svd works: Y is scaled by a power of two, the norms in a scaled sum
+    A = np.random.default_rng(0).uniform(-1, 1, (600, 20))
+    with dask.config.set(scheduler="threads"):
+        base = rsketch.svd(da.from_array(A, chunks=100), 3, seed=0)
+        for scale in (1e154, 1e300):
+            res = rsketch.svd(da.from_array(A * scale, chunks=100), 3, seed=0)
+            np.testing.assert_allclose(res.s / scale, base.s, rtol=1e-13)
+            assert res.error_estimate / scale == pytest.approx(base.error_estimate, rel=1e-12)
+
+
 def test_unsupported_dask_calls_say_so():
     Ad = da.ones((100, 5), chunks=(30, 5))
     with pytest.raises(ValueError, match="not available for Dask"):

@@ -263,20 +263,23 @@ def _solves_directly(sketch, sketch_size, method, n, p, X) -> bool:
     return default_sketch_size(method, n, p) >= n
 
 
-#: The direct solve's rank: singular values of ``X`` above this many ``u = eps / 2`` times the
-#: largest, the rule the sketched solvers apply to ``S X`` (``docs/solvers.md``).
+#: The direct solve's rank: ``gelsy`` keeps the leading pivoted columns whose triangle's condition
+#: estimate stays below ``1 / (DIRECT_RANK_ULPS u)``, ``u = eps / 2`` (the sketched solvers drop the
+#: singular values of ``S X`` below ``8 u`` times the largest: ``docs/solvers.md``).
 DIRECT_RANK_ULPS = 8
 
 
 def _direct_solve(X, Y, log):
-    """LAPACK's ``gelsd`` (SVD; the minimum-norm solution where ``X`` is rank-deficient), for the
-    scaled ``X`` and ``Y``: ``(coef, rank, residual norms, iterations, converged)``."""
+    """LAPACK's ``gelsy`` (column-pivoted QR and a complete orthogonal factorization: backward stable
+    as Householder QR, the minimum-norm solution where ``X`` is rank-deficient), for the scaled ``X``
+    and ``Y``: ``(coef, rank, residual norms, iterations, converged)``. ``gelsd`` (SVD) left backward
+    errors of ``4e-15`` where QR's were ``6e-17`` (``60 x 4``, ``kappa = 2e4``)."""
     t0 = time.perf_counter()
     check_finite(X, "X")  # the sketched paths find NaN/inf through the sketch's pass
     Xd = X.toarray() if sp.issparse(X) else X
     u = np.finfo(np.float64).eps / 2
     coef, _, rank, _ = scipy.linalg.lstsq(
-        Xd, Y, cond=DIRECT_RANK_ULPS * u, lapack_driver="gelsd", check_finite=False
+        Xd, Y, cond=DIRECT_RANK_ULPS * u, lapack_driver="gelsy", check_finite=False
     )
     log.factor, log.finish = time.perf_counter() - t0, "direct"
     return coef, int(rank), column_norms(Y - Xd @ coef), 0, True

@@ -98,7 +98,7 @@ class LstsqResult:
     sketch : SketchOperator or None
         The operator used (the first one for IHS); None where no sketch could be smaller than
         ``X`` (the default ``sketch_size`` reaches ``n``) and ``X`` was solved by LAPACK's
-        ``gelsd`` (``iterations`` 0, ``log.finish`` ``"direct"``).
+        ``gelsy`` (``iterations`` 0, ``log.finish`` ``"direct"``).
     rank : int
         Numerical rank of ``X`` as seen through the sketch (singular values of ``S X`` above
         ``max(r, p) * eps`` times the largest), or of ``X`` itself when solved directly.

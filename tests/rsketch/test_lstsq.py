@@ -273,7 +273,7 @@ def test_zero_rhs_and_zero_matrix():
 def test_a_design_no_sketch_can_shrink_is_solved_directly(method):
     # With n at most the default sketch size, a sketch only mixes the rows, and a square sparse sign
     # of +-1 entries can be singular on range(X): a 2 x 1 column of ones came out rank 0, coef 0,
-    # converged=True (sketch_and_solve, ihs). Such X is solved by LAPACK (gelsd), sketch None.
+    # converged=True (sketch_and_solve, ihs). Such X is solved by LAPACK (gelsy), sketch None.
     rng = np.random.default_rng(3)
     for X in (np.ones((2, 1)), rng.standard_normal((5, 2)), rng.standard_normal((20, 3)), np.ones((4, 2))):
         y = X @ np.arange(1.0, X.shape[1] + 1) + 0.1 * rng.standard_normal(X.shape[0])

@@ -12,6 +12,7 @@ client. Dask runs the tasks with the scheduler in effect (threads, or a ``distri
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from rsketch._validation import check_finite
 from rsketch.dask._sketch import CHUNK_PRODUCTS, SPLIT_EVERY, check_dask_operand, is_dask_array, row_offsets
@@ -36,6 +37,11 @@ def validate_dask_problem(X, y):
     import dask.array as da
 
     if not is_dask_array(X):
+        if sp.issparse(X):  # np.asarray of it is a 0-d object array ("X must be 2-D ... shape ()")
+            raise TypeError(
+                "X is a SciPy sparse matrix and y a Dask array: pass y as a NumPy array (y.compute()) "
+                "for a sparse X, or X as a Dask array"
+            )
         X = da.from_array(np.asarray(X))
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
@@ -55,6 +61,8 @@ def validate_dask_problem(X, y):
     if y.dtype.kind not in "iubf":
         raise TypeError(f"y must be a numeric (real) array; got dtype {y.dtype}")
     is_vector = y.ndim == 1
+    if y.size == 0:  # (n, 0): the Gram kernel met it with a bare unpacking error
+        raise ValueError(f"y is empty: it has shape {y.shape}")
     Y = np.ascontiguousarray(y.reshape(n, -1), dtype=np.float64)
     check_finite(Y, "y")
     return X.astype(np.float64).rechunk({1: -1}), Y, is_vector

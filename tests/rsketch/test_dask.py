@@ -18,6 +18,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import sklearn.base as sklearn_base
 import threadpoolctl
 from distributed import Client, LocalCluster
@@ -512,3 +513,16 @@ def test_lstsq_from_zarr(tmp_path):
     )
     ref = np.linalg.lstsq(X, y, rcond=None)[0]
     assert res.converged and np.linalg.norm(res.coef - ref) <= 20 * 1e3 * 2**-53 * np.linalg.norm(ref)
+
+
+def test_a_sparse_x_with_a_dask_y_and_an_empty_y_say_so():
+    # a sparse X beside a Dask y became a 0-d object array ("X must be 2-D ... got shape ()"), and a y
+    # of no columns met a bare unpacking error in the Gram kernel
+    X = np.random.default_rng(0).standard_normal((100, 3))
+    with pytest.raises(TypeError, match="X is a SciPy sparse matrix and y a Dask array"):
+        rsketch.lstsq(sp.csr_matrix(X), da.ones(100, chunks=50))
+    with (
+        dask.config.set(scheduler="threads"),
+        pytest.raises(ValueError, match=r"y is empty: it has shape \(100, 0\)"),
+    ):
+        rsketch.lstsq(da.from_array(X, chunks=50), np.ones((100, 0)))

@@ -155,8 +155,10 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
             # grows as kappa^2 ||r||, and at kappa 1e10 nearly any iterate passed it (a backward
             # error of 1.2e-11 reported converged, where "precondition" reaches 8.8e-16).
             stable = np.all(np.asarray(log.backward_error) <= BACKWARD_STABLE * np.sqrt(p) * _EPS)
-            at_floor = since_best >= _PATIENCE and bool(stable) and bool(
-                ((gnorm <= np.maximum(gfloor, tol)) & (snorm <= np.maximum(sfloor, tol))).all()
+            at_floor = (
+                since_best >= _PATIENCE
+                and bool(stable)
+                and bool(((gnorm <= np.maximum(gfloor, tol)) & (snorm <= np.maximum(sfloor, tol))).all())
             )
             return coef, t, at_floor, np.sqrt(rn2), rank0
         coef = coef + M @ s

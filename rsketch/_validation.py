@@ -81,7 +81,7 @@ def _plain_ndarray(A, name: str) -> np.ndarray:
 
     Examples
     --------
-    >>> type(_plain_ndarray(np.matrix([[1.0], [2.0]]), "A")).__name__
+    >>> type(_plain_ndarray(np.ma.masked_array([[1.0], [2.0]]), "A")).__name__  # nothing masked
     'ndarray'
     >>> _plain_ndarray(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "A")
     Traceback (most recent call last):

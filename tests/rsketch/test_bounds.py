@@ -4,6 +4,7 @@ bound, the n/r and p/r growth the bounds' shapes predict, and the bookkeeping of
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -193,3 +194,27 @@ def test_bounds_at_the_largest_sizes_stay_valid():
     one = rsketch.bounds("leverage", n=100, p=5, r=50, leverage=ell, scores=np.ones(100))
     assert [b.value for b in big.all] == pytest.approx([b.value for b in one.all], nan_ok=True)
     assert math.isfinite(big.pe_upper.value)
+
+
+def test_explicit_upper_bounds_are_vacuous_where_the_chernoff_step_fails():
+    # eps = inf (r too small) made 1 / (1 - eps)^2 zero, and the upper bounds read 1, as for an optimal
+    # sketch; a row of leverage that is never sampled (its probability 0) divided by zero
+    X = np.random.default_rng(0).standard_normal((100, 5))
+    ell = (np.linalg.qr(X)[0] ** 2).sum(axis=1)
+    cases = [
+        dict(kind="uniform", n=10_000, p=5, r=6),
+        dict(
+            kind="leverage",
+            n=100,
+            p=5,
+            r=50,
+            leverage=ell,
+            scores=np.r_[np.ones(50), np.zeros(50)],
+            uniform_mix=0.0,
+        ),
+    ]
+    for kw in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            res = rsketch.bounds(**kw)
+        assert res.pe_upper.value == res.re_upper.value == res.wc_upper.value == math.inf

@@ -50,12 +50,26 @@ def make_design(kind: str, n: int, p: int, *, seed=None) -> np.ndarray:
 def leverage_scores(X: np.ndarray) -> np.ndarray:
     """Exact leverage scores: squared row norms of an orthonormal basis of ``range(X)``.
 
+    The basis is the left singular vectors whose singular values exceed ``max(n, p) eps`` times the
+    largest (NumPy's ``matrix_rank`` rule), so the scores sum to ``rank(X)``: all of ``U`` gave a
+    rank-one ``ones((5, 2))`` the scores ``[1, 0.25, 0.25, 0.25, 0.25]`` where the hat matrix's diagonal
+    is ``0.2`` throughout.
+
     Examples
     --------
     >>> import numpy as np
     >>> from rsketch.experiments.designs import leverage_scores
     >>> round(float(leverage_scores(np.eye(4)[:, :2]).sum()), 6)
     2.0
+    >>> leverage_scores(np.ones((5, 2))).round(12).tolist()
+    [0.2, 0.2, 0.2, 0.2, 0.2]
     """
-    U, _, _ = np.linalg.svd(np.asarray(X, dtype=np.float64), full_matrices=False)
+    X = np.asarray(X, dtype=np.float64)
+    U, s, _ = np.linalg.svd(X, full_matrices=False)
+    rank = (
+        int(np.count_nonzero(s > s[0] * max(X.shape) * np.finfo(np.float64).eps))
+        if s.size and s[0] > 0
+        else 0
+    )
+    U = U[:, :rank]
     return np.einsum("ij,ij->i", U, U)

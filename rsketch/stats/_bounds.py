@@ -361,13 +361,14 @@ def _sampling(kind, n, p, r, delta, ell, options):
             cross = float(np.sum(ell[pos] * (1 - ell[pos]) / pi[pos]))
         ell_eff = ell
     eps = chernoff_eps(p, kappa / r, delta / 2)
-    # Without eps < 1 the Chernoff step gives no lower bound on lambda_min: the upper bounds are
-    # vacuous (inf). 1 / (1 - eps)^2 was 0 at eps = inf, and they read 1, as for an optimal sketch.
-    factor = 1.0 / (1.0 - eps) ** 2 if eps < 1 else math.inf
+    # Without eps < 1 the Chernoff step gives no lower bound on lambda_min, and no upper bound follows:
+    # NaN, as the sparse families and docs/efficiency.md have it. 1 / (1 - eps)^2 was 0 at eps = inf,
+    # and the bounds read 1, as for an optimal sketch.
+    factor = 1.0 / (1.0 - eps) ** 2 if eps < 1 else math.nan
     cond = f"matrix Chernoff gives lambda_min(G) >= 1 - eps with eps = {eps:.3g} < 1"
     if not math.isfinite(eps):
         cond = "r too small for the matrix Chernoff bound (needs r >~ max_i(l_i/pi_i) log(2p/delta))"
-    pe_b = 1 + factor * (2 / delta) * cross / (r * p) if cross > 0 else 1.0  # cross = 0: every l_i in {0, 1}
+    pe_b = 1 + factor * (2 / delta) * cross / (r * p) if cross > 0 or math.isnan(factor) else 1.0
     note = "matrix Chernoff (Tropp 2012) + Markov on E||U^T S^T S U_perp||_F^2 = sum_i l_i(1-l_i)/(r pi_i)"
     if kind == "uniform" and not options.get("replace", True):
         note += "; sampling without replacement only lowers both (Gross & Nesme 2010)"

@@ -529,8 +529,8 @@ def _judge(
     us = [None] * len(active)
     if not sampling.greedy:
         counts = drafts.lengths + 1
-        starts = np.repeat(np.asarray(done, dtype=np.int64) - np.cumsum(counts) + counts, counts)
-        u = noise.uniforms(np.repeat(active, counts), starts + np.arange(int(counts.sum())))
+        positions = np.concatenate([t + np.arange(c) for t, c in zip(done, counts, strict=True)])
+        u = noise.uniforms(np.repeat(active, counts), positions)
         us = np.split(u, np.cumsum(counts)[:-1])
     results = []
     for j, i in enumerate(active):

@@ -22,6 +22,7 @@ from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
 from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
+from rsketch.linalg._common import frobenius_norm
 from rsketch.linalg._lowrank import RANGE_METHODS
 from rsketch.operators import SketchOperator
 
@@ -92,13 +93,6 @@ def _centred_sum_of_squares(X, mean, A, c, xp) -> float:
         return float(np.einsum("ij,ij->", A, A, dtype=np.float64))
     A = A / c
     return float(xp.sum(A * A, dtype=xp.float64))
-
-
-def _squared_norm(A) -> float:
-    """``||A||_F^2`` of a dense or sparse NumPy ``A`` (one pass), in a scaled sum: no overflow."""
-    data = A.data if sp.issparse(A) else np.asarray(A)
-    scale = float(np.abs(data).max(initial=0.0))
-    return 0.0 if scale == 0 else scale**2 * float(np.sum(np.square(data / scale)))
 
 
 def _is_wide(n, p):
@@ -180,7 +174,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             A = sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None]
         b = (y - y_mean) * (sw[:, None] if y.ndim == 2 else sw)
         q = A.shape[1]
-        if alpha > 0 and not is_non_numpy_array(A) and alpha >= _squared_norm(A[:, :p]):
+        if alpha > 0 and not is_non_numpy_array(A) and math.sqrt(alpha) >= frobenius_norm(A[:, :p]):
             return self._fit_penalty_dominated(A, b, alpha, x_mean, y_mean, y, intercept_col)
         if alpha > 0:
             pen = np.sqrt(alpha) * np.eye(q)

@@ -7,6 +7,7 @@ Data flows one way: :mod:`rsketch.linalg._lstsq` (the entry point) calls the sol
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg.blas
 import scipy.sparse as sp
 
 from rsketch._backend import array_namespace, is_non_numpy_array, to_host
@@ -172,9 +173,27 @@ def design_for(X):
     return ArrayDesign(X) if is_non_numpy_array(X) else Design(X)
 
 
+def frobenius_norm(A) -> float:
+    """``||A||_F`` of a dense or SciPy sparse NumPy array by BLAS ``nrm2``, which scales as it sums:
+    no overflow or underflow of the squares, and no temporary for a contiguous ``A``.
+
+    Examples
+    --------
+    >>> frobenius_norm(np.array([[3.0, 0.0], [4.0, 0.0]]))
+    5.0
+    >>> bool(np.isclose(frobenius_norm(np.array([3e200, 4e200])), 5e200, rtol=1e-15))  # no overflow
+    True
+    """
+    x = np.ravel(A.data if sp.issparse(A) else A)  # a view where A is contiguous
+    if x.size == 0:
+        return 0.0
+    return float(scipy.linalg.blas.get_blas_funcs("nrm2", (x,))(x))
+
+
 def column_norms(A) -> np.ndarray:
-    """Euclidean norm of each column of a 2-D array (the solvers scale their data into range first);
-    a host array for any input library.
+    """Euclidean norm of each column of a 2-D array, a host array for any input library (the solvers
+    scale their data into range first; columns of finite entries whose squares overflow are scaled
+    here, where the error estimate of the low-rank functions meets them).
 
     Examples
     --------
@@ -183,5 +202,14 @@ def column_norms(A) -> np.ndarray:
     """
     if is_non_numpy_array(A):
         xp = array_namespace(A)
-        return np.sqrt(to_host(xp.sum(A * A, axis=0)))
-    return np.sqrt(np.einsum("ij,ij->j", A, A))
+        norms = np.sqrt(to_host(xp.sum(A * A, axis=0)))
+        if np.isfinite(norms).all():
+            return norms
+        A = to_host(A)  # the rare overflow: scaled on the host
+    norms = np.sqrt(np.einsum("ij,ij->j", A, A))
+    if np.isfinite(norms).all() or not np.isfinite(A).all():
+        return norms
+    # finite entries whose squares overflow (from about 1e154): each column by its largest entry
+    scale = np.abs(A).max(axis=0)
+    scale = np.where(scale > 0, scale, 1.0)
+    return scale * np.sqrt(np.einsum("ij,ij->j", A / scale, A / scale))

@@ -34,7 +34,8 @@ from rsketch._validation import (
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.kernels import cpu
-from rsketch.linalg._common import column_norms
+from rsketch.linalg._common import column_norms, frobenius_norm
+from rsketch.linalg._scaling import _shift
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
 RANGE_METHODS = ("subspace", "block_krylov")
@@ -321,7 +322,7 @@ def _orth(Y, scratch=None):
         if not np.isfinite(G).all():  # only the range matters: scaled by a power of two (exact)
             if not np.isfinite(source).all():
                 raise _overflow()
-            source *= np.ldexp(1.0, -int(np.frexp(np.abs(source).max())[1]))
+            source *= np.ldexp(1.0, -_shift(float(np.abs(source).max())))
             G = source.T @ source
         try:
             L = np.linalg.cholesky(G)
@@ -365,13 +366,9 @@ class _Probes:
 
     def estimate(self, approx):
         R = self.AW - approx(self.W, self.AW)  # in A's library (on its device for CuPy)
-        norms = column_norms(R)
-        if not np.isfinite(norms).all():  # squares beyond the range (entries from 1e154): scaled
-            R = to_host(R)
-            if not np.isfinite(R).all():
-                raise _overflow()
-            scale = float(np.abs(R).max())
-            norms = scale * column_norms(R / scale)
+        norms = column_norms(R)  # scaled where the squares overflow
+        if not np.isfinite(norms).all():
+            raise _overflow()
         return float(10 * math.sqrt(2 / math.pi) * norms.max())
 
 
@@ -933,10 +930,6 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
 SYMMETRY_BLOCK_BYTES = 8 << 20
 
 
-def _nrm2(x):
-    return float(scipy.linalg.blas.get_blas_funcs("nrm2", (x,))(x))
-
-
 def check_symmetric(A, name="A"):
     """``ValueError`` unless ``||A - A.T||_F <= max(1e-10, 100 u) ||A||_F`` for a dense or sparse
     square ``A`` (a LinearOperator is taken at its word): the methods for symmetric matrices read
@@ -952,8 +945,8 @@ def check_symmetric(A, name="A"):
         asym = size = 0.0
         for a in range(0, n, rows):  # BLAS nrm2 (scaled, no overflow) per block, combined by hypot
             block = A[a : a + rows]
-            asym = math.hypot(asym, _nrm2((block - A[:, a : a + rows].T).ravel()))
-            size = math.hypot(size, _nrm2(block.ravel()))
+            asym = math.hypot(asym, frobenius_norm(block - A[:, a : a + rows].T))
+            size = math.hypot(size, frobenius_norm(block))
     if asym > max(1e-10, 100 * np.finfo(A.dtype).eps) * size:
         raise ValueError(
             f"{name} must be symmetric: ||{name} - {name}.T||_F / ||{name}||_F = {asym / size:.3g}"

@@ -519,6 +519,35 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
     return _Drafts([d[: keep[j]] for j, d in enumerate(proposed)], proposed)
 
 
+def _step_drafts(
+    drafter, budget, context, active, outs, max_new_tokens, *, max_draft, padded, waiting, stats
+):
+    """This step's drafts: none, the drafter not asked, on a step the budget's back-off skips;
+    else :func:`_draft`, the budget minimising the time to finish the batch, or, while prompts
+    are ``waiting`` for a slot, maximising this step's rate."""
+    if budget is not None and not budget.should_propose():
+        return _Drafts.none(len(active))
+    left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
+    return _draft(
+        drafter, budget, context, active, left, max_draft=max_draft, padded=padded,
+        horizon=None if waiting else left, stats=stats,
+    )  # fmt: skip
+
+
+def _teach_budget(budget, drafts: _Drafts, active, results, stats: SpeculativeStats, t_step: float) -> float:
+    """After a step begun at ``t_step``: the shadow checks (:func:`_shadow`), the live forward
+    against the cost model (re-measured when they drift) and the step's time outside its forward
+    (:meth:`~decoding.cost_model.DraftBudget.observe_step`). Returns the seconds a re-measurement
+    of the cost model paused the loop (0 without one)."""
+    _shadow(drafts, active, results, stats)
+    t_obs, remeasured = time.perf_counter(), budget.remeasured
+    budget.observe(stats.last_forward[0], len(active), stats.last_forward[1])
+    paused = time.perf_counter() - t_obs if budget.remeasured != remeasured else 0.0
+    outside = time.perf_counter() - t_step - paused - stats.last_forward[1]
+    budget.observe_step(drafts.drafted, outside)
+    return paused
+
+
 def _judge(
     rows, *, drafts: _Drafts, active, done, verify, sampling, noise, stats
 ) -> list[tuple[int, list[int]]]:
@@ -804,45 +833,26 @@ def speculative_generate(
         while active:
             t_step = time.perf_counter()
             threads.update()
-            if budget is not None and not budget.should_propose():  # its back-off: no drafter, no budget
-                drafts = _Drafts.none(len(active))
-            else:
-                left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
-                drafts = _draft(
-                    drafter, budget, context, active, left, max_draft=k, padded=vanilla,
-                    horizon=None if queue else left, stats=stats,  # prompts waiting: this step's rate
-                )  # fmt: skip
+            drafts = _step_drafts(
+                drafter, budget, context, active, outs, max_new_tokens, max_draft=k, padded=vanilla,
+                waiting=bool(queue), stats=stats,
+            )  # fmt: skip
             last = [outs.tokens[i][-1] for i in active]
             done = [len(outs.tokens[i]) for i in active]  # each sample's next position
             if not vanilla and verifier is None and not drafts.drafted:
                 results = _autoregressive_step(
                     model, cache, seq[active], last, active, done, sampling, noise, stats
                 )
-                npos[active] += 1
             else:
                 judge = partial(
-                    _judge,
-                    drafts=drafts,
-                    active=active,
-                    done=done,
-                    verify=verify,
-                    sampling=sampling,
-                    noise=noise,
-                    stats=stats,
-                )
+                    _judge, drafts=drafts, active=active, done=done, verify=verify, sampling=sampling,
+                    noise=noise, stats=stats,
+                )  # fmt: skip
                 results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
-                npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
-            if budget is not None:
-                _shadow(drafts, active, results, stats)
-                # live timings against the cost model: re-measured when they drift
-                t_obs, remeasured = time.perf_counter(), budget.remeasured
-                budget.observe(stats.last_forward[0], len(active), stats.last_forward[1])
-                if budget.remeasured != remeasured:  # a pause to measure the cost model, not decoding
-                    paused = time.perf_counter() - t_obs
-                    calibration += paused
-                    t_step += paused
-                outside = time.perf_counter() - t_step - stats.last_forward[1]
-                budget.observe_step(drafts.drafted, outside)
+            npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+            if budget is not None:  # a pause to re-measure the cost model is not decoding
+                paused = _teach_budget(budget, drafts, active, results, stats, t_step)
+                calibration, t_step = calibration + paused, t_step + paused
             active = [i for i, (_, new) in zip(active, results, strict=True) if not finished(i, new)]
             step_times.append(time.perf_counter() - t_step)
             while queue and int((~cache.in_use).sum()):  # refill the freed slots (continuous batching)

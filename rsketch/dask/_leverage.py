@@ -81,11 +81,4 @@ def leverage_sampling(A, sketch_size, *, seed=None, dtype=np.float64, uniform_mi
     check_allocation(48 * r, f"the {r} sampled rows of a LeverageSampling", "use a smaller sketch_size")
     key = key_from_seed(seed)
     scores = approximate_leverage(A, key)
-    return LeverageSampling(
-        A.shape[0],
-        sketch_size,
-        scores=scores,
-        seed=np.random.SeedSequence(list(key)),
-        dtype=dtype,
-        uniform_mix=uniform_mix,
-    )
+    return LeverageSampling._keyed(scores, sketch_size, key, seed, dtype, uniform_mix)

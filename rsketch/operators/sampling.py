@@ -300,7 +300,7 @@ class LeverageSampling(_RowSampling):
         A2, _ = check_operand(A, None, "A")
         key = key_from_seed(seed)
         scores = exact_leverage(A2) if method == "exact" else approximate_leverage(A2, key)
-        return cls._keyed(scores, sketch_size, key, dtype, uniform_mix)
+        return cls._keyed(scores, sketch_size, key, seed, dtype, uniform_mix)
 
     @classmethod
     def from_scores(
@@ -317,20 +317,18 @@ class LeverageSampling(_RowSampling):
         >>> bool((S.indices() == rsketch.LeverageSampling.from_matrix(A, 50, seed=3).indices()).all())
         True
         """
-        return cls._keyed(scores, sketch_size, key_from_seed(seed), dtype, uniform_mix)
+        return cls._keyed(scores, sketch_size, key_from_seed(seed), seed, dtype, uniform_mix)
 
     @classmethod
-    def _keyed(cls, scores, sketch_size, key, dtype, uniform_mix):
-        # The key is drawn once by the caller: a Generator (or None) seed must not be drawn from twice.
+    def _keyed(cls, scores, sketch_size, key, seed, dtype, uniform_mix):
+        """The operator with Philox key ``key``, the one ``key_from_seed(seed)`` gave the caller: the
+        constructor's for the same ``seed``, so ``from_matrix``, ``from_scores`` and the constructor
+        sample the same rows from the same scores. The key is drawn once by the caller (scores and
+        sampling share it): a Generator (or None) seed must not be drawn from twice."""
         scores = np.asarray(scores, dtype=np.float64)
-        return cls(
-            scores.shape[0],
-            sketch_size,
-            scores=scores,
-            seed=np.random.SeedSequence(list(key)),
-            dtype=dtype,
-            uniform_mix=uniform_mix,
-        )
+        op = cls(scores.shape[0], sketch_size, scores=scores, seed=0, dtype=dtype, uniform_mix=uniform_mix)
+        op.seed, op.key = seed, key
+        return op
 
 
 def _zero_matrix_error() -> ValueError:

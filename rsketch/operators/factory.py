@@ -72,6 +72,29 @@ def check_sketch_options(kind, options, where: str = "make_sketch") -> None:
         )
 
 
+def _check_kind_specific(kind, A, options) -> None:
+    """Refuse ``A`` (and leverage's ``method``) where make_sketch would ignore it, as unknown options are.
+
+    An ignored ``A`` hides a mistake: the sketch the caller gets does not depend on the matrix they passed.
+    """
+    with_scores = kind == "leverage" and "scores" in options
+    if A is not None and kind != "leverage":
+        raise TypeError(
+            f"make_sketch: A is used only by kind='leverage' without scores (to compute them); got "
+            f"kind={kind!r}: drop A, or pass kind='leverage'"
+        )
+    if A is not None and with_scores:
+        raise TypeError(
+            "make_sketch: A is used only by kind='leverage' without scores (to compute them); pass either "
+            "scores=... or A, not both"
+        )
+    if with_scores and "method" in options:
+        raise TypeError(
+            "make_sketch: method is used only by kind='leverage' without scores (it picks how the scores "
+            "are computed from A); drop method, or pass A instead of scores"
+        )
+
+
 def make_sketch(kind, input_dim, sketch_size, *, seed=None, A=None, **options):
     """Build a sketch operator by name.
 
@@ -85,10 +108,12 @@ def make_sketch(kind, input_dim, sketch_size, *, seed=None, A=None, **options):
         Philox key source.
     A : array or sparse matrix, optional
         Only for ``"leverage"`` without ``scores``: compute leverage scores from ``A``
-        (``method="exact"`` or ``"approx"`` may be passed in ``options``).
+        (``method="exact"`` or ``"approx"`` may be passed in ``options``). ``TypeError`` for
+        another kind, or next to ``scores``.
     **options
         Family options: ``dtype``; ``nnz_per_column`` (sparse_sign);
-        ``scores``, ``uniform_mix``, ``method`` (leverage); ``replace`` (uniform).
+        ``scores``, ``uniform_mix``, ``method`` (leverage, ``method`` only with ``A``); ``replace``
+        (uniform). An option of another family raises ``TypeError``.
 
     Returns
     -------
@@ -102,6 +127,7 @@ def make_sketch(kind, input_dim, sketch_size, *, seed=None, A=None, **options):
     """
     check_sketch_kind(kind, "kind")
     cls = SKETCH_KINDS[kind]
+    _check_kind_specific(kind, A, options)
     if kind == "leverage" and "scores" not in options:
         if A is None:
             raise ValueError("kind='leverage' needs either scores=... or the matrix A to compute them from")

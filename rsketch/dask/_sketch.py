@@ -47,13 +47,49 @@ def is_dask_array(A) -> bool:
     return array_api_compat.is_dask_array(A)
 
 
+def _check_numpy_chunks(A, name: str) -> None:
+    """Refuse a Dask array whose chunks are not plain NumPy arrays, judged lazily by its ``_meta``.
+
+    The per-chunk kernels index, slice and multiply NumPy blocks: sparse chunks met them only at
+    compute time, as NumPy's "setting an array element with a sequence" or "matmul: dimension
+    mismatch"; masked chunks were read under their mask (in memory a masked ``A`` is refused).
+    """
+    meta = A._meta
+    if isinstance(meta, np.ndarray) and not isinstance(meta, np.ma.MaskedArray):
+        return  # np.matrix and other unmasked subclasses hold NumPy data the kernels read as is
+    module = type(meta).__module__
+    kind = f"{'scipy.sparse' if module.startswith('scipy.sparse') else module}.{type(meta).__name__}"
+    if isinstance(meta, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a Dask array of masked chunks ({kind}), whose mask rsketch cannot honour: pass "
+            f"da.ma.filled({name}, value) or da.ma.getdata({name})"
+        )
+    if kind.startswith(("scipy.sparse", "sparse.")):
+        todense = "toarray" if kind.startswith("scipy.sparse") else "todense"
+        fix = f"{name}.map_blocks(lambda b: b.{todense}(), dtype={name}.dtype)"
+        raise TypeError(
+            f"{name} is a Dask array of {kind} chunks; rsketch's Dask kernels take dense NumPy chunks: map "
+            f"them to dense with {fix}, or pass a dense array (in memory, rsketch also takes a SciPy "
+            f"CSR/CSC matrix)"
+        )
+    if kind.startswith("cupy"):
+        fix = f"{name}.map_blocks(cupy.asnumpy, dtype={name}.dtype)"
+    else:
+        fix = f"{name}.map_blocks(np.asarray, dtype={name}.dtype)"
+    raise TypeError(
+        f"{name} is a Dask array of {kind} chunks; rsketch's Dask kernels take NumPy chunks: "
+        f"map them to NumPy with {fix}"
+    )
+
+
 def check_dask_operand(A, rows, name: str = "A", rows_label: str | None = None):
     """Validate a Dask operand of ``S @ A`` (no data is read): ``(A2, is_vector)`` with ``A2`` 2-D float.
 
     Raises ``ValueError`` for unknown chunk sizes (call ``A.compute_chunk_sizes()``), a wrong number
     of rows, an empty array or more than two dimensions; ``TypeError`` for complex or non-numeric
-    dtypes. Integer input becomes float64, float16 float32, as in memory. Chunks of length zero
-    (left by a filter) are dropped; the other chunks are kept as they are.
+    dtypes, and for chunks that are not NumPy arrays (SciPy sparse, masked, CuPy: seen in
+    ``A._meta``). Integer input becomes float64, float16 float32, as in memory. Chunks of length
+    zero (left by a filter) are dropped; the other chunks are kept as they are.
 
     Examples
     --------
@@ -70,6 +106,7 @@ def check_dask_operand(A, rows, name: str = "A", rows_label: str | None = None):
     >>> y.chunks, check_dask_operand(y, 5)[0].chunks
     (((0, 5),), ((5,), (1,)))
     """
+    _check_numpy_chunks(A, name)
     if any(math.isnan(c) for dim in A.chunks for c in dim):
         raise ValueError(
             f"{name} has unknown chunk sizes (from boolean indexing or a filter): "

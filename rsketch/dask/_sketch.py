@@ -220,7 +220,9 @@ def sketch_dask(S, A):
     Called by ``SketchOperator.__matmul__``; see the module docstring for each family's chunk
     product. Row chunks may be irregular; column chunks are kept. The result's chunks are
     ``((r,), A.chunks[1])``. The partials of the row chunks are added in a tree of fan-in
-    :data:`SPLIT_EVERY`, so the result is bitwise the same on every scheduler for one chunking.
+    :data:`SPLIT_EVERY`, so the order of the sums is the same on every scheduler for one chunking: the
+    result is bitwise the same there, except for the Gaussian and SRDCT chunk products, which go through
+    BLAS and change in the last bits with its thread count (see ``docs/dask.md``).
 
     Examples
     --------

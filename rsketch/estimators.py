@@ -42,6 +42,14 @@ NYSTROM_INITIAL_RANK = 200
 # Relative residual of the CG on X.T X + alpha I: the coefficients' error is about cond(X.T X + alpha I)
 # times this, and the preconditioned CG needs ~2 sqrt(kappa_P) more iterations per factor of 10.
 NYSTROM_TOL = 1e-14
+# More features than samples, at most this many samples: the ridge in scikit-learn's kernel form,
+# coef = A.T (A A.T + alpha I)^-1 b with A the centred, weighted X: an n x n system (its matrix
+# 200 MB at 5,000). The normal equations' null space (p - n directions at least, where alpha is
+# the only curvature) takes the rounding of every CG product times 1/alpha: at alpha = 1e-8 a
+# 150 x 400 design's coef_ was 8e-6 off Ridge's, at 1e-12 390%, without a warning; A.T kills
+# those directions of the kernel form's solution (issue 21's probe).
+KERNEL_MAX_SAMPLES = 5000
+KERNEL_BLOCK_BYTES = 32 << 20
 
 
 def _require_dispatch(X, method):
@@ -156,6 +164,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
         n, p = X.shape
         if alpha > 0 and self.method == "precondition" and _is_wide(n, p):
+            if p > n and n <= KERNEL_MAX_SAMPLES and not is_non_numpy_array(X):
+                return self._fit_kernel(X, y, w, alpha)
             return self._fit_nystrom(X, y, w, alpha)
         sw = xp.sqrt(w)
         intercept_col = False
@@ -274,6 +284,59 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         else:
             self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
 
+    def _fit_kernel(self, X, y, w, alpha):
+        """Ridge with more features than samples in scikit-learn's kernel form (its ``"cholesky"``
+        solver there): ``coef = A.T (A A.T + alpha I)^-1 b``, ``A = W^1/2 (X - 1 x_mean.T)``,
+        ``b = W^1/2 (y - y_mean)``. ``A A.T`` (``n x n``) is summed over column blocks of ``X``,
+        each centred in a dense copy (a sparse ``X`` too: never whole), and ``coef`` comes from a
+        second pass. The problem is first scaled: weights by their largest and ``X`` by a power of
+        two near its largest entry, ``alpha`` by both (the same solution; ``X`` of ``1e200`` or
+        weights of ``1e150`` overflowed ``A A.T``); ``_kernel_solve`` solves the system."""
+        n, p = X.shape
+        X = X.tocsc() if sp.issparse(X) else X  # column blocks
+        wsum = float(w.sum())
+        if self.fit_intercept and wsum > 0:
+            x_mean = np.asarray(X.T @ w).ravel() / wsum
+            y_mean = (w @ y) / wsum
+        else:
+            x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
+        w_max = float(w.max())
+        largest = float(abs(X).max()) if X.size else 0.0
+        if w_max == 0 or largest == 0:  # no data: the penalty alone, coef 0
+            self.n_iter_, self.solver_ = 0, "kernel"
+            self._set_coefficients(np.zeros((p,) + y.shape[1:]), y_mean)
+            return self
+        e = math.frexp(largest)[1]  # X / 2**e has entries below 1, exactly scaled
+        sw = np.sqrt(w / w_max)
+        # gamma = alpha / (w_max 4**e), in logarithms: it may be far outside the float range
+        log_gamma = math.log(alpha) - math.log(w_max) - 2 * e * math.log(2.0)
+        cols = max(1, KERNEL_BLOCK_BYTES // (8 * n))
+
+        def block(a):  # columns a .. a + cols of A, scaled: sw (X - x_mean) / 2**e
+            Xb = X[:, a : a + cols]
+            Xb = Xb.toarray() if sp.issparse(Xb) else np.array(Xb, dtype=np.float64)
+            return np.ldexp(Xb - x_mean[a : a + cols], -e) * sw[:, None]
+
+        K = np.zeros((n, n))
+        for a in range(0, p, cols):
+            B = block(a)
+            K += B @ B.T
+        b = (y - y_mean) * (sw[:, None] if y.ndim == 2 else sw)
+        z, factor = _kernel_solve(K, b, log_gamma, max(n, p))
+        coef = np.empty((p,) + y.shape[1:])
+        for a in range(0, p, cols):
+            coef[a : a + cols] = block(a).T @ z
+        # coef = A.T z / 2**e (gamma below 1), or A.T zeta w_max 2**e / alpha (zeta = gamma z)
+        coef = (
+            np.ldexp(coef, -e)
+            if factor is None
+            else coef * math.exp(factor + math.log(w_max) + e * math.log(2.0) - math.log(alpha))
+        )
+        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        self.n_iter_, self.solver_ = 0, "kernel"
+        self._set_coefficients(coef, intercept)
+        return self
+
     def _fit_nystrom(self, X, y, w, alpha):
         """Ridge on a wide design: ``(Xc.T W Xc + alpha I) coef = Xc.T W yc`` by Nyström-preconditioned CG
         (:func:`rsketch.linalg.nystrom_pcg`), with ``Xc.T W Xc`` a :class:`~rsketch.linalg.GramOperator`
@@ -289,15 +352,32 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         else:
             x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
         weights = None if bool(xp.all(w == 1)) else to_host(w)
+        if weights is not None:  # weights c w and penalty c alpha: the same solution; weights to <= 1
+            w_max = float(weights.max())  # (weights of 1e150 overflowed, of 1e-170 gave coef 0)
+            if w_max > 0:
+                weights, alpha = weights / w_max, alpha / w_max
+                if not 0 < alpha < math.inf:
+                    raise ValueError(
+                        f"alpha / max(sample_weight) = {alpha:g} is outside the float range: give "
+                        "alpha and sample_weight on closer scales"
+                    )
         center = x_mean if self.fit_intercept else None
         gram = GramOperator(X, center=center, sample_weight=weights, check_finite=False)  # validated
         b = to_host(gram.transpose_weighted(y - like(y_mean, y)))
         # a sparse sign test matrix: for a NumPy X, F S.T from its pattern, so the sketch is one
         # GEMM, not two; every other X gets the same matrix, dense, and so the same preconditioner
-        res = nystrom_pcg(
-            gram, b, alpha, tol=NYSTROM_TOL, sketch="sparse_sign", initial_rank=NYSTROM_INITIAL_RANK,
-            max_rank=_nystrom_max_rank(X), seed=self.random_state,
-        )  # fmt: skip
+        try:
+            res = nystrom_pcg(
+                gram, b, alpha, tol=NYSTROM_TOL, sketch="sparse_sign", initial_rank=NYSTROM_INITIAL_RANK,
+                max_rank=_nystrom_max_rank(X), seed=self.random_state,
+            )  # fmt: skip
+        except ValueError as err:
+            if "not finite" not in str(err):
+                raise
+            raise ValueError(
+                "X's entries are too large for the products of the normal equations X.T X (their sums "
+                "overflow): scale X, e.g. with sklearn.preprocessing.StandardScaler"
+            ) from err
         coef = res.x
         intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
         self.n_iter_, self.solver_ = int(res.iterations), "nystrom_pcg"
@@ -476,7 +556,11 @@ class SketchedRidge(_SketchedLinearModel):
     preconditioner of Frangella, Tropp & Udell (2023) (:func:`rsketch.nystrom_pcg`, ``X.T X`` as an
     operator: centring and weights inside its products, ``X`` never copied and a sparse ``X`` never
     densified; a NumPy ``X`` through :class:`rsketch.linalg.GramOperator`, one pass over ``X`` per
-    CG product); ``solver_`` then reads ``"nystrom_pcg"``.
+    CG product); ``solver_`` then reads ``"nystrom_pcg"``. With more features than samples and at
+    most ``KERNEL_MAX_SAMPLES`` (5,000) samples of a NumPy or SciPy ``X``, it takes scikit-learn's
+    kernel form instead, ``coef = A.T (A A.T + alpha I)^-1 b`` for the centred, weighted ``A``
+    (``solver_`` reads ``"kernel"``): exact to rounding at any ``alpha``, where CG on the normal
+    equations meets their null space (``docs/lowrank.md``).
 
     Parameters
     ----------
@@ -525,6 +609,39 @@ class SketchedRidge(_SketchedLinearModel):
         if not (np.isfinite(a) and a >= 0):
             raise ValueError(f"alpha must be a finite number >= 0, got {a!r}")
         return float(a)
+
+
+def _kernel_solve(K, b, log_gamma, size):
+    """``(K + gamma I)^-1 b`` for a symmetric positive semi-definite ``K``, ``gamma = exp(log_gamma)``:
+    ``(z, None)``; or, where ``gamma >= 1``, ``(zeta, 0.0)`` with ``zeta = gamma z`` from
+    ``(I + K / gamma) zeta = b`` (so a ``gamma`` past the float range is no overflow).
+
+    Cholesky where ``gamma`` is above the rounding of ``K`` (``size u trace(K)``): a null direction of
+    ``K`` then has ``K + gamma I``'s curvature at least ``gamma``, and ``coef = A.T z`` removes it.
+    Below, ``K``'s rounding may exceed ``gamma`` there (Cholesky fails or divides by noise): its
+    eigendecomposition, eigenvalues up to ``size u lambda_max`` dropped as zero (NumPy's
+    ``matrix_rank`` rule; ``A.T`` maps their directions to zero in exact arithmetic)."""
+    n = K.shape[0]
+    trace = float(np.trace(K))
+    if log_gamma >= 0:
+        inv_gamma = math.exp(-log_gamma)
+        M = K * inv_gamma
+        M[np.diag_indices(n)] += 1.0
+        return scipy.linalg.cho_solve(scipy.linalg.cho_factor(M, check_finite=False), b), 0.0
+    gamma = math.exp(log_gamma)
+    if gamma >= size * np.finfo(np.float64).eps * trace:
+        M = K.copy()
+        M[np.diag_indices(n)] += gamma
+        try:
+            return scipy.linalg.cho_solve(scipy.linalg.cho_factor(M, check_finite=False), b), None
+        except np.linalg.LinAlgError:
+            pass
+    lam, Q = np.linalg.eigh(K)
+    keep = lam > size * np.finfo(np.float64).eps * max(lam[-1], 0.0)
+    Q, lam = Q[:, keep], lam[keep]
+    coef = Q.T @ b
+    coef /= (lam + gamma)[:, None] if coef.ndim == 2 else lam + gamma
+    return Q @ coef, None
 
 
 def _centred(X, mean):

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import aslinearoperator
 from sklearn.linear_model import Ridge
 
-from rsketch import SketchedRidge
+from rsketch import SketchedRidge, estimators
 from rsketch._validation import seed_sequence
 from rsketch.linalg import ConvergenceWarning, nystrom, nystrom_pcg, nystrom_preconditioner
 
@@ -151,6 +151,7 @@ def test_a_wide_ridge_keeps_its_drawn_blocks(monkeypatch):
         return result
 
     monkeypatch.setattr(_nystrom_pcg, "_nystrom_rounds", spy)
+    monkeypatch.setattr(estimators, "KERNEL_MAX_SAMPLES", 0)  # Nyström, as for more than 5,000 samples
     X, y = random_fourier_features(500, 2000)
     SketchedRidge(alpha=1e-3, random_state=0).fit(X, y)
     assert calls == [(True, True)]
@@ -252,13 +253,17 @@ def test_residuals_are_those_of_x_and_converged_means_tol_or_the_rounding_floor(
     assert not res.converged
 
 
-def test_wide_ridge_on_a_constant_design_is_the_mean():
+@pytest.mark.parametrize("solver", ["kernel", "nystrom_pcg"])
+def test_wide_ridge_on_a_constant_design_is_the_mean(solver, monkeypatch):
     # Centred, X is zero: X.T X = 0 (it failed as "not positive semi-definite"); Ridge gives coef 0
-    # and the intercept mean(y), as for one sample.
+    # and the intercept mean(y), as for one sample. Both wide paths: the kernel form, and Nyström
+    # (taken beyond KERNEL_MAX_SAMPLES samples).
+    if solver == "nystrom_pcg":
+        monkeypatch.setattr(estimators, "KERNEL_MAX_SAMPLES", 0)
     for X, y in ((np.ones((10, 300)), np.arange(10.0)), (np.arange(300.0)[None], np.array([2.0]))):
         ours = SketchedRidge(random_state=0).fit(X, y)
         ref = Ridge().fit(X, y)
-        assert ours.solver_ == "nystrom_pcg" and not ours.coef_.any()
+        assert ours.solver_ == solver and not ours.coef_.any()
         assert ours.intercept_ == pytest.approx(ref.intercept_, rel=1e-15)
 
 
@@ -276,17 +281,24 @@ def random_fourier_features(n, p, d=5, bandwidth=2.0, seed=0):
 
 @pytest.mark.parametrize("fit_intercept", [True, False])
 @pytest.mark.parametrize("n", [800, 400])  # the sketch's test blocks orthonormalised; as drawn (l <= p/4)
-def test_ridge_on_random_fourier_features_matches_sklearn(fit_intercept, n):
+def test_ridge_on_random_fourier_features_matches_sklearn(fit_intercept, n, monkeypatch):
     X, y = random_fourier_features(n, 2000)
     alpha = 1e-3
-    ours = SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=0).fit(X, y)
     ref = Ridge(alpha=alpha, fit_intercept=fit_intercept, solver="cholesky").fit(X, y)
+    kernel = SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=0).fit(X, y)
+    assert kernel.solver_ == "kernel"
+    np.testing.assert_allclose(kernel.coef_, ref.coef_, rtol=1e-10, atol=1e-10 * np.abs(ref.coef_).max())
+    monkeypatch.setattr(estimators, "KERNEL_MAX_SAMPLES", 0)  # Nyström, as for more than 5,000 samples
+    ours = SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=0).fit(X, y)
     assert ours.solver_ == "nystrom_pcg" and 0 < ours.n_iter_ < 100
     np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-8, atol=1e-8 * np.abs(ref.coef_).max())
     np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-8, atol=1e-10)
 
 
-def test_wide_sparse_weighted_multi_target():
+@pytest.mark.parametrize("solver", ["kernel", "nystrom_pcg"])
+def test_wide_sparse_weighted_multi_target(solver, monkeypatch):
+    if solver == "nystrom_pcg":
+        monkeypatch.setattr(estimators, "KERNEL_MAX_SAMPLES", 0)
     rng = np.random.default_rng(7)
     X = sp.random(300, 600, density=0.05, random_state=8, format="csr") @ sp.diags(
         np.exp(-np.arange(600) / 60)
@@ -295,7 +307,7 @@ def test_wide_sparse_weighted_multi_target():
     w = rng.uniform(0.5, 2.0, 300)
     ours = SketchedRidge(alpha=0.1, random_state=0).fit(X, Y, sample_weight=w)
     ref = Ridge(alpha=0.1, solver="cholesky").fit(X.toarray(), Y, sample_weight=w)
-    assert ours.solver_ == "nystrom_pcg"
+    assert ours.solver_ == solver
     np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-8, atol=1e-8 * np.abs(ref.coef_).max())
     np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-8, atol=1e-10)
 

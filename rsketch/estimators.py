@@ -19,7 +19,7 @@ from sklearn.utils.sparsefuncs import mean_variance_axis
 from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
-from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_sketch_kind
+from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_seed, check_sketch_kind
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
 from rsketch.linalg._common import frobenius_norm
@@ -137,6 +137,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             check_int(self.sketch_size, "sketch_size", minimum=1)
         if not isinstance(self.fit_intercept, (bool, np.bool_)):
             raise TypeError(f"fit_intercept must be a bool, got {type(self.fit_intercept).__name__}")
+        check_seed(self.random_state, "random_state")  # the solvers' errors would name it "seed"
 
     def fit(self, X, y, sample_weight=None):
         """Fit the coefficients by sketched least squares.
@@ -259,6 +260,11 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         if device_input:
             _require_dispatch(X, "fit")
             y, sample_weight = (_follow(a, X) for a in (y, sample_weight))
+        if sp.issparse(y):
+            raise TypeError(
+                f"y must be a dense array, got a sparse {type(y).__name__}: pass y.toarray() (scikit-learn's "
+                "regressors take dense targets)"
+            )
         X, y = validate_data(
             self,
             X,
@@ -758,6 +764,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         check_int(self.passes, "passes", minimum=1)
         if not isinstance(self.whiten, (bool, np.bool_)):
             raise TypeError(f"whiten must be a bool, got {type(self.whiten).__name__}")
+        check_seed(self.random_state, "random_state")
         if self.n_components is None:
             return min(n, p)
         return check_int(self.n_components, "n_components", minimum=1, maximum=min(n, p))
@@ -806,7 +813,9 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         total = _centred_sum_of_squares(X, mean, A, c, xp)  # ||X - 1 mean.T||_F^2 / c^2
         ev = squares * (c * c / (n - 1))
         self.mean_ = mean
-        self.components_ = Vt
+        # C-ordered (svd_flip's may be a transposed view): a pickled copy, C-ordered, then projects
+        # with the same BLAS path, bit for bit
+        self.components_ = np.ascontiguousarray(Vt) if isinstance(Vt, np.ndarray) else Vt
         self.singular_values_ = s
         self.explained_variance_ = xp.astype(ev, X.dtype)
         ratio = squares / total if total > 0 else xp.zeros_like(squares)
@@ -836,7 +845,8 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         return self
 
     def fit_transform(self, X, y=None):
-        """Fit and return the projections ``U diag(s)`` of the SVD (no further pass over ``X``).
+        """Fit and return the projections ``U diag(s)`` of the SVD (no further pass over ``X``),
+        whitened as :meth:`transform` whitens.
 
         Parameters
         ----------
@@ -848,9 +858,8 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         ndarray of shape (n_samples, n_components)
         """
         U, s = self._fit(X)
-        if self.whiten:
-            return U * math.sqrt(self.n_samples_ - 1)  # a Python float: U's dtype is kept
-        return U * s
+        # whitened by transform's clipped scale: U sqrt(n - 1) turned variances of 1e-40 into 1
+        return U * s / self._scale() if self.whiten else U * s
 
     def _scale(self):
         xp = array_api_compat.array_namespace(self.explained_variance_)

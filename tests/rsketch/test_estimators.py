@@ -171,7 +171,7 @@ def test_pipeline_and_grid_search():
         ({"fit_intercept": "yes"}, TypeError, "fit_intercept must be a bool"),
         ({"alpha": -1.0}, ValueError, "alpha must be"),
         ({"alpha": "big"}, TypeError, "alpha must be"),
-        ({"random_state": "abc"}, TypeError, "seed"),
+        ({"random_state": "abc"}, TypeError, "random_state must be"),
     ],
 )
 def test_bad_parameters(params, exc, match):

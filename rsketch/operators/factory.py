@@ -127,6 +127,8 @@ def make_sketch(kind, input_dim, sketch_size, *, seed=None, A=None, **options):
     """
     check_sketch_kind(kind, "kind")
     cls = SKETCH_KINDS[kind]
+    if kind == "leverage" and "scores" in options and options["scores"] is None:
+        del options["scores"]  # scores=None is no scores (it met "scores must hold real numbers")
     _check_kind_specific(kind, A, options)
     if kind == "leverage" and "scores" not in options:
         if A is None:

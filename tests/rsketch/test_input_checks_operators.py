@@ -135,3 +135,13 @@ def test_dask_arrays_of_numpy_chunks_still_sketch(dtype):
         A = da.from_array(meta_kind, chunks=(100, 3))
         S = rsketch.make_sketch("countsketch", 400, 20, seed=0)
         np.testing.assert_allclose((S @ A).compute(), S @ np.asarray(X), rtol=1e-5, atol=1e-5)
+
+
+def test_leverage_scores_none_is_no_scores():
+    A = np.random.default_rng(2).standard_normal((300, 4))
+    S = rsketch.make_sketch("leverage", 300, 30, seed=1, A=A, scores=None)
+    np.testing.assert_array_equal(
+        S.indices(), rsketch.make_sketch("leverage", 300, 30, seed=1, A=A).indices()
+    )
+    with pytest.raises(ValueError, match="needs either scores"):
+        rsketch.make_sketch("leverage", 300, 30, seed=1, scores=None)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rsketch._parallel import serialized_launches
+
 from . import kernels
 from ._simd import HALF_CONVERSION
 from ._xp import device_of, namespace, on_device
@@ -442,6 +444,7 @@ class Model:
         """The host array ``a`` where the weights live (``a`` itself for NumPy)."""
         return on_device(a, self.xp, self.device)
 
+    @serialized_launches  # its kernels one forward at a time under numba's workqueue layer only
     def forward(
         self,
         tokens,

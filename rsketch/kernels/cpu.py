@@ -8,6 +8,7 @@ here and from NumPy's there). Kernels never validate: callers pass checked, cont
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 
@@ -17,6 +18,7 @@ from numba import njit, prange
 from numba import types as nbtypes
 from numba.extending import intrinsic
 
+from rsketch._parallel import parallel_launch
 from rsketch._random import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, STREAM_TAIL, STREAM_WEDGE, ZIG_R
 
 _M0 = np.uint64(PHILOX_M0)
@@ -98,10 +100,17 @@ def _serial_twin(parallel_kernel, **options):
 _PARALLEL_MIN_WORK = 1 << 14
 
 
+def _launch(kernel, *args):
+    """A parallel kernel's call, one at a time under numba's workqueue layer (:mod:`rsketch._parallel`)."""
+    with parallel_launch():
+        return kernel(*args)
+
+
 def philox_words(k0, k1, start, count, n_blocks, stream):
     """Words ``out[i, b, :]`` of counter ``(start + i, block b, stream)``; shape (count, n_blocks, 4)."""
-    kernel = _philox_words_par if count * n_blocks >= _PARALLEL_MIN_WORK else _philox_words_ser
-    return kernel(k0, k1, start, count, n_blocks, stream)
+    if count * n_blocks >= _PARALLEL_MIN_WORK:
+        return _launch(_philox_words_par, k0, k1, start, count, n_blocks, stream)
+    return _philox_words_ser(k0, k1, start, count, n_blocks, stream)
 
 
 @njit(parallel=True, cache=True)
@@ -227,8 +236,10 @@ def gaussian_columns(k0, k1, start, stop, r, stream, out, X):
     accepted attempts, two attempts per Philox call. ``X`` is ``rsketch._random.ZIG_X``;
     ``out`` is C-contiguous float64.
     """
-    serial = (stop - start) * r < _PARALLEL_MIN_WORK
-    (_gaussian_columns_ser if serial else _gaussian_columns_par)(k0, k1, start, stop, r, stream, out, X)
+    if (stop - start) * r < _PARALLEL_MIN_WORK:
+        _gaussian_columns_ser(k0, k1, start, stop, r, stream, out, X)
+    else:
+        _launch(_gaussian_columns_par, k0, k1, start, stop, r, stream, out, X)
 
 
 @njit(parallel=True, cache=True)
@@ -479,8 +490,9 @@ def _sparse_entry(key0, key1, j, t, s, r, stream):
 
 def sparse_pattern(k0, k1, start, stop, s, r, stream):
     """Rows (int64) and signs (+-1.0) of columns ``start:stop``: arrays of shape (stop - start, s)."""
-    kernel = _sparse_pattern_par if (stop - start) * s >= _PARALLEL_MIN_WORK else _sparse_pattern_ser
-    return kernel(k0, k1, start, stop, s, r, stream)
+    if (stop - start) * s >= _PARALLEL_MIN_WORK:
+        return _launch(_sparse_pattern_par, k0, k1, start, stop, s, r, stream)
+    return _sparse_pattern_ser(k0, k1, start, stop, s, r, stream)
 
 
 @njit(parallel=True, cache=True)
@@ -695,9 +707,13 @@ def fwht_vector(x):
         _levels(x, 0, n, block, n)
 
 
-@njit(parallel=True, cache=True)
 def fwht_columns(X):
     """In-place FWHT of every row of ``X`` (shape (k, N), C-contiguous), parallel over rows."""
+    _launch(_fwht_columns_par, X)
+
+
+@njit(parallel=True, cache=True)
+def _fwht_columns_par(X):
     for c in prange(X.shape[0]):
         fwht_vector(X[c])
 
@@ -812,8 +828,9 @@ _uniform_indices_ser = _serial_twin(_uniform_indices_par)
 
 def uniform_indices(k0, k1, count, bound, stream):
     """``count`` independent, exactly uniform integers in ``[0, bound)`` (int64), ``bound <= 2**63 - 1``."""
-    kernel = _uniform_indices_par if count >= _PARALLEL_MIN_WORK else _uniform_indices_ser
-    return kernel(k0, k1, count, bound, stream)
+    if count >= _PARALLEL_MIN_WORK:
+        return _launch(_uniform_indices_par, k0, k1, count, bound, stream)
+    return _uniform_indices_ser(k0, k1, count, bound, stream)
 
 
 @njit(cache=True)
@@ -865,8 +882,9 @@ def _with_serial_twin(parallel_kernel, work):
     serial_kernel = _serial_twin(parallel_kernel)
 
     def kernel(*args):
-        chosen = parallel_kernel if work(*args) >= _PARALLEL_MIN_ENTRIES else serial_kernel
-        return chosen(*args)
+        if work(*args) >= _PARALLEL_MIN_ENTRIES:
+            return _launch(parallel_kernel, *args)
+        return serial_kernel(*args)
 
     kernel.__name__ = parallel_kernel.py_func.__name__.removeprefix("_").removesuffix("_par")
     kernel.__doc__ = parallel_kernel.py_func.__doc__
@@ -1249,7 +1267,7 @@ _resgrad_fast = (
 
 
 def _pick(pair, X):
-    return pair[1] if X.size >= _PARALLEL_MIN_ENTRIES else pair[0]
+    return functools.partial(_launch, pair[1]) if X.size >= _PARALLEL_MIN_ENTRIES else pair[0]
 
 
 def gram_apply(X, V, nchunks):

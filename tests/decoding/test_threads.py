@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import threading
@@ -223,3 +224,35 @@ def test_a_new_policy_starts_from_a_recent_choice(machine, monkeypatch):
     machine.run(_threads.CARRY_OVER + 1, own=0.0, others=1.0)
     with engine_threads("auto") as p:  # too old: numba's count at entry
         assert p.threads == before
+
+
+WORKQUEUE = r"""
+import sys, threading
+from decoding import generate, load_model
+loaded = load_model(sys.argv[1])
+ref = generate(*loaded, [[1, 2, 3, 4]] * 3, max_new_tokens=12).tokens
+errors, outs = [], []
+def run():
+    try:
+        for _ in range(3):
+            outs.append(generate(*loaded, [[1, 2, 3, 4]] * 3, max_new_tokens=12).tokens)
+    except BaseException as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=run) for _ in range(4)]
+[t.start() for t in threads]; [t.join() for t in threads]
+import numba
+print(repr((numba.threading_layer(), errors, all(o == ref for o in outs))))
+"""
+
+
+def test_concurrent_generate_under_numbas_workqueue_layer(tiny_path):
+    """numba's workqueue layer (its fallback where OpenMP and TBB are missing) aborted the process
+    when two threads' forwards launched kernels at once; a forward now holds one lock under it."""
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKQUEUE, str(tiny_path[0])],
+        capture_output=True, text=True, timeout=300, cwd=root, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == ("workqueue", [], True)

@@ -1,8 +1,8 @@
 """rsketch reads top-down: no import cycle, and every import goes down the layers.
 
-Layers, bottom first: the shared helpers (``_validation``, ``_backend``, ``_random``), ``kernels``,
-``operators``, ``linalg``, ``stats``, ``estimators``, the public API (``rsketch/__init__.py``), then the
-programs (``experiments``, ``demo``).
+Layers, bottom first: the shared helpers (``_validation``, ``_backend``, ``_parallel``, ``_random``),
+``kernels``, ``operators``, ``linalg``, ``stats``, ``estimators``, the public API (``rsketch/__init__.py``),
+then the programs (``experiments``, ``demo``).
 Imports inside functions count too: hiding one there hides a cycle, it does not remove it.
 """
 
@@ -15,6 +15,7 @@ ROOT = pathlib.Path(rsketch.__file__).parent
 LAYERS = {
     "rsketch._validation": 0,
     "rsketch._backend": 0,
+    "rsketch._parallel": 0,  # the lock of parallel launches under numba's workqueue layer
     "rsketch._random": 1,
     "rsketch.kernels": 2,
     "rsketch.operators": 3,

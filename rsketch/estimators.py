@@ -307,7 +307,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         else:
             x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
         w_max = float(w.max())
-        largest = float(abs(X).max()) if X.size else 0.0
+        values = X.data if sp.issparse(X) else X  # the largest |entry|, with no |X| copy of X
+        largest = max(float(values.max()), -float(values.min())) if values.size else 0.0
         if w_max == 0 or largest == 0:  # no data: the penalty alone, coef 0
             self.n_iter_, self.solver_ = 0, "kernel"
             self._set_coefficients(np.zeros((p,) + y.shape[1:]), y_mean)

@@ -578,8 +578,12 @@ class SketchedRidge(_SketchedLinearModel):
 
     Attributes
     ----------
-    coef_, intercept_, n_iter_, solver_, n_features_in_, feature_names_in_
+    coef_, intercept_, n_iter_, n_features_in_, feature_names_in_
         As in :class:`SketchedLinearRegression`.
+    solver_ : str
+        ``"direct"`` or the method used, as there; ``"cholesky"`` where ``alpha`` is at least
+        ``||X||_F^2`` (the normal equations, then well conditioned); ``"nystrom_pcg"`` or
+        ``"kernel"`` for a wide design (above).
 
     Examples
     --------

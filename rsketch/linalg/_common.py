@@ -192,24 +192,40 @@ def frobenius_norm(A) -> float:
 
 def column_norms(A) -> np.ndarray:
     """Euclidean norm of each column of a 2-D array, a host array for any input library (the solvers
-    scale their data into range first; columns of finite entries whose squares overflow are scaled
-    here, where the error estimate of the low-rank functions meets them).
+    scale their data into range first; columns of finite entries whose squares overflow, or
+    underflow, are scaled here, where the error estimate of the low-rank functions meets them).
 
     Examples
     --------
     >>> column_norms(np.array([[3.0, 0.0], [4.0, 2.0]])).tolist()
     [5.0, 2.0]
+    >>> column_norms(np.array([[3e-200], [4e-200]])).tolist()  # squares of 1e-400 are 0
+    [5e-200]
     """
     if is_non_numpy_array(A):
         xp = array_namespace(A)
         norms = np.sqrt(to_host(xp.sum(A * A, axis=0)))
-        if np.isfinite(norms).all():
+        if not _suspect(norms).any():
             return norms
-        A = to_host(A)  # the rare overflow: scaled on the host
+        A = to_host(A)  # the rare overflow or underflow (or a zero column): on the host
     norms = np.sqrt(np.einsum("ij,ij->j", A, A))
-    if np.isfinite(norms).all() or not np.isfinite(A).all():
+    redo = _suspect(norms)
+    if not redo.any() or not np.isfinite(A).all():
         return norms
-    # finite entries whose squares overflow (from about 1e154): each column by its largest entry
-    scale = np.abs(A).max(axis=0)
+    # finite entries whose squares overflow (from about 1e154) or underflow (below about 1e-154: a
+    # 300 x 40 matrix of 2**-600 gave norms 0): those columns by their largest entry (0: a zero column)
+    scale = np.abs(A[:, redo]).max(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
-    return scale * np.sqrt(np.einsum("ij,ij->j", A / scale, A / scale))
+    scaled = A[:, redo] / scale
+    norms[redo] = scale * np.sqrt(np.einsum("ij,ij->j", scaled, scaled))
+    return norms
+
+
+#: Below this a column's norm may have lost digits to squares that underflow (sqrt(tiny) / eps).
+_SMALL_NORM = {t: float(np.sqrt(np.finfo(t).tiny) / np.finfo(t).eps) for t in (np.float32, np.float64)}
+
+
+def _suspect(norms) -> np.ndarray:
+    """The norms that may be wrong: not finite (squares that overflow), or below :data:`_SMALL_NORM`
+    (squares that underflow, down to 0 for a nonzero column)."""
+    return ~(np.isfinite(norms) & (norms >= _SMALL_NORM.get(norms.dtype.type, 0.0)))

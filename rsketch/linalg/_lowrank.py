@@ -228,7 +228,31 @@ def _rmatmat(A, Y):
         return _sparse_product(A.T, Y)
     if isinstance(A, np.ndarray):
         return (Y.T @ A).T
-    return np.asarray(A.T @ Y) if not isinstance(A, LinearOperator) else A.rmatmat(Y)
+    return np.asarray(A.T @ Y) if not isinstance(A, LinearOperator) else _operator_product(A, Y, True)
+
+
+def _operator_product(A, Y, adjoint):
+    """``A @ Y`` (``A.T @ Y`` with ``adjoint``) of a LinearOperator, checked: a product of another
+    shape was broadcast into the basis (an ``(m, 1)`` result for ``(m, k)`` gave singular values
+    22.0, 16.0, 10.8 for 23.1, 22.5, 22.0), and a missing ``rmatvec`` met SciPy's bare
+    "'NoneType' object is not callable"."""
+    rows = A.shape[1] if adjoint else A.shape[0]
+    try:
+        AY = np.asarray(A.rmatmat(Y) if adjoint else A.matmat(Y))
+    except TypeError as err:
+        if adjoint and "NoneType" in str(err):
+            raise TypeError(
+                "A is a LinearOperator without rmatvec/rmatmat (products with A.T), which this "
+                "function needs: give LinearOperator(..., rmatvec=..., rmatmat=...)"
+            ) from err
+        raise
+    if AY.shape != (rows, Y.shape[1]) or AY.dtype.kind != "f":
+        what = "A.T @ Y" if adjoint else "A @ Y"
+        raise ValueError(
+            f"the LinearOperator A returned {what} of shape {AY.shape} and dtype {AY.dtype} for Y of shape "
+            f"{Y.shape}: expected a real float array of shape {(rows, Y.shape[1])}"
+        )
+    return AY
 
 
 # The scatter form's private (n, l) sums: as many as fit in this many bytes, at most 4 (a function
@@ -271,7 +295,7 @@ def _matmat(A, Y, out=None):
         return out
     if sp.issparse(A) and A.format in ("csr", "csc"):
         return _sparse_product(A, Y, out)
-    AY = np.asarray(A @ Y) if not isinstance(A, LinearOperator) else A.matmat(Y)
+    AY = np.asarray(A @ Y) if not isinstance(A, LinearOperator) else _operator_product(A, Y, False)
     if out is None:
         return AY
     out[...] = AY
@@ -478,6 +502,12 @@ def _find_range(
         raise ValueError(f"method='block_krylov' needs an odd number of passes (2 q + 1), got {passes}")
     seeds = seed_sequence(seed).spawn(2)
     width = min(rank + oversample, m, n)
+    if method == "block_krylov" and tol is None:
+        fits = min(m, n) // width - 1  # blocks past the first that fit in min(m, n)
+        if fits == 0 and passes > 1:  # none: its power rounds were dropped (a rank-60 svd of
+            method = "subspace"  # 2,000 x 100 made 2 products and reported 6); subspace does them
+        else:
+            passes = 2 * min((passes - 1) // 2, fits) + 1  # the passes it makes, as reported
     _check_basis_memory(m, n, rank, width, passes, method, tol, dtype)
     if tol is not None:
         if is_dask_array(A) or is_non_numpy_array(A):
@@ -669,7 +699,9 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
     used = 1
     Q = np.zeros((m, 0), dtype=dtype)
     scale = 10 * math.sqrt(2 / math.pi)
-    norm_estimate = float(np.sqrt(np.einsum("ij,ij->j", R, R)).max())  # E ||A w||^2 = ||A||_F^2
+    # E ||A w||^2 = ||A||_F^2; column_norms, whose squares neither overflow nor underflow (A of
+    # 2**-600 gave a basis of no column and an estimate of 0, A of 1e160 an estimate of inf)
+    norm_estimate = float(column_norms(R).max())
     est = scale * norm_estimate
     children = seeds[0].spawn(max(1, -(-max_rank // block_size)))
     for child in children:
@@ -683,7 +715,7 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
             break
         Q = np.hstack([Q, Y])
         R = R - Y @ (Y.T @ R)
-        est = scale * float(np.sqrt(np.einsum("ij,ij->j", R, R)).max())
+        est = scale * float(column_norms(R).max())
     return RangeFinderResult(Q, est, used, "adaptive")
 
 
@@ -911,6 +943,9 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
         raise ValueError(f"A must be square for eigh, got shape {A.shape}")
     check_symmetric(A)
     rank = _check_rank(rank, m, n)
+    if isinstance(A, LinearOperator):  # symmetric: A.T products are A's (a matvec alone is enough)
+        A = LinearOperator(A.shape, matvec=A.matvec, rmatvec=A.matvec, matmat=A.matmat, rmatmat=A.matmat,
+                           dtype=A.dtype)  # fmt: skip
     found = _find_range(A, dtype, rank, sketch, oversample, passes, "subspace", None, 10, False, seed)
     Q = found.Q
     T = Q.T @ _matmat(A, Q)
@@ -960,13 +995,13 @@ def check_symmetric(A, name="A"):
 PSD_ROUNDING = 10.0
 
 
-def _psd_core(cross, omega_gram, nu, n, caller):
+def _psd_core(cross, omega_gram, nu, n, caller, exponent=0):
     """``(C, nu)``: the upper Cholesky factor ``C`` of ``cross + nu omega_gram`` (``cross = Omega.T A
     Omega``, symmetric; ``omega_gram = Omega.T Omega``), the stable Nyström method's core, and the
     shift used. Where the Cholesky fails on eigenvalues within rounding of zero (see
     :data:`PSD_ROUNDING`), the shift grows past them (any shift is exact in exact arithmetic; it only
     hides eigenvalues below it, rounding here); where one is below that, ``A`` is not PSD: a
-    ``ValueError`` with the eigenvalue."""
+    ``ValueError`` with the eigenvalue (in ``A``'s units where ``cross`` is of ``A / 2**exponent``)."""
     for _ in range(2):
         try:
             return scipy.linalg.cholesky(cross + nu * omega_gram, lower=False, check_finite=False), nu
@@ -976,9 +1011,10 @@ def _psd_core(cross, omega_gram, nu, n, caller):
         if not w[0] >= -PSD_ROUNDING * n * eps * max(w[-1], 0.0):
             break
         nu = max(2 * nu, nu + 2 * abs(w[0]) + n * eps * max(w[-1], 0.0))
+    low, high = math.ldexp(w[0], exponent), math.ldexp(w[-1], exponent)
     raise ValueError(
-        f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {w[0]:.3g} relative to "
-        f"Omega.T Omega (largest {w[-1]:.3g}); {caller} needs a PSD matrix"
+        f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {low:.3g} relative to "
+        f"Omega.T Omega (largest {high:.3g}); {caller} needs a PSD matrix"
         + (" (use eigh for an indefinite one)" if caller == "nystrom" else "")
     )
 

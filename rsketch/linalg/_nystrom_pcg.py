@@ -228,14 +228,26 @@ def nystrom_pcg(
             A, n, dtype, sketch, seeds, initial_rank, max_rank, target_ratio * mu
         )
         matvecs += used
-    P_inv = nystrom_preconditioner(approx, mu)
+    # CG runs on (A + mu I) / 2**e with ||A|| ~ 2**e (the approximation's largest eigenvalue, else mu)
+    # and each column of b over a power of two to a largest entry in [1/2, 1); x comes back exactly
+    # scaled. Its scalars and norms then neither underflow nor overflow: b of 1e-300 came back as
+    # x = 0, "converged"; b of 1e-150, or A of 1e-300, met a division by zero; b of 1e160 gave x = 0.
+    top = float(approx.eigenvalues.max(initial=0.0))
+    e = math.frexp(top if 0 < top < math.inf else mu)[1]
+    A_e, mu_e = _Scaled(A, e), math.ldexp(mu, -e)
+    approx_e = NystromResult(approx.U, np.ldexp(approx.eigenvalues, -e), math.ldexp(approx.shift, -e))
+    P_inv = nystrom_preconditioner(approx_e, mu_e)
     B = b.reshape(n, -1).astype(np.result_type(dtype, b.dtype, np.float32), copy=False)
+    largest = np.abs(B).max(axis=0)
+    shift = np.where(largest > 0, np.frexp(largest)[1], 0)
+    B = np.ldexp(B, -shift).astype(B.dtype, copy=False)
     X = np.zeros_like(B)
     its, norms = 0, np.zeros(B.shape[1])
     for j in range(B.shape[1]):
-        X[:, j], it, norms[j] = _pcg(A, mu, B[:, j], P_inv, tol, max_iter, callback)
+        X[:, j], it, norms[j] = _pcg(A_e, mu_e, B[:, j], P_inv, tol, max_iter, callback, int(shift[j]) - e)
         its, matvecs = max(its, it), matvecs + it
-    true, floor = _true_residuals(A, mu, B, X, approx)
+    true, floor = _true_residuals(A_e, mu_e, B, X, approx_e)
+    X = np.ldexp(X, shift - e).astype(X.dtype, copy=False)
     matvecs += B.shape[1]
     converged = bool(np.all(true <= np.maximum(tol, floor)))
     if not converged:
@@ -248,6 +260,26 @@ def nystrom_pcg(
         )
     x = X[:, 0] if b.ndim == 1 else X
     return NystromPCGResult(x, its, true, converged, approx, matvecs)
+
+
+class _Scaled:
+    """``A / 2**e`` for products (``A @ V``, then an exact scale by a power of two)."""
+
+    def __init__(self, A, e: int):
+        self.A, self.e = A, e
+
+    def __matmul__(self, V):
+        AV = np.asarray(self.A @ V)
+        if AV.size != V.size or AV.dtype.kind != "f":
+            raise ValueError(_product_error(AV, V))
+        return np.ldexp(AV, -self.e).astype(AV.dtype, copy=False)
+
+
+def _product_error(AV, V) -> str:
+    return (
+        f"A returned A @ V of shape {AV.shape} and dtype {AV.dtype} for V of shape {V.shape}: expected "
+        "a real float array of V's shape"
+    )
 
 
 #: The residual of a solution ``x`` cannot be computed below about ``u (||A + mu I|| ||x|| + ||b||)``;
@@ -327,6 +359,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
     blocks = []  # drawn: (first column, the block as an (l_i, n) matrix, sparse for a sparse sign)
     l, width = 0, min(start, max_rank)
     applies_sketch = isinstance(A, GramOperator)  # S applied by A itself (a sparse sign from its pattern)
+    e = None  # the rounds work on A / 2**e, e from the first products (below)
     for child in children:
         S = make_sketch(sketch, n, width - l, seed=child, dtype=dtype)
         new = slice(l, width)
@@ -336,6 +369,12 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         else:
             G = _test_block(S, dtype)
         AG = A.sketch(S) if applies_sketch else np.asarray(A @ G)
+        if AG.shape != (n, width - l) or AG.dtype.kind != "f":
+            raise ValueError(_product_error(AG, G if G is not None else np.empty((n, width - l))))
+        if e is None:  # Y's squares must neither underflow nor overflow: A of 1e-170 gave a zero
+            e = _exponent(AG)  # approximation (CG took 251 iterations for 3), 1e155 an error
+        if e:
+            AG = np.ldexp(AG, -e).astype(dtype, copy=False)
         if drawn:
             blocks.append((l, block))
             Y[:, new] = AG
@@ -368,12 +407,12 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         if nu == 0:  # A Omega = 0: for a PSD A the approximation is zero (the preconditioner, I)
             return NystromResult(np.zeros((n, l), dtype), np.zeros(l, dtype), 0.0), l
         core = (cross[:l, :l] + cross[:l, :l].T) / 2
-        C_nu, nu = _psd_core(core, omega_gram[:l, :l], nu, n, "nystrom_pcg")
+        C_nu, nu = _psd_core(core, omega_gram[:l, :l], nu, n, "nystrom_pcg", e)
         gram = YtY[:l, :l] + nu * (cross[:l, :l] + cross[:l, :l].T) + nu**2 * omega_gram[:l, :l]
         half = scipy.linalg.solve_triangular(C_nu, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
         BtB = scipy.linalg.solve_triangular(C_nu, half.T, trans="T", check_finite=False)
         lowest = scipy.linalg.eigh(BtB, subset_by_index=[0, 0], eigvals_only=True, check_finite=False)[0]
-        if width >= max_rank or lowest - nu <= threshold:
+        if width >= max_rank or lowest - nu <= math.ldexp(threshold, -e):
             break
         width = min(2 * width, max_rank)
     sigma2, V = np.linalg.eigh(BtB)
@@ -389,7 +428,14 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
     else:
         Y_nu += nu * Omega[:, :l]
     U = Y_nu @ W  # B V Sigma^-1, a zero column where lambda is zero
-    return NystromResult(U, lam, nu), l
+    return NystromResult(U, np.ldexp(lam, e).astype(dtype, copy=False), math.ldexp(nu, e)), l
+
+
+def _exponent(Y) -> int:
+    """``e`` with ``Y / 2**e`` of largest entry in ``[1/2, 1)``; 0 for a zero or non-finite ``Y`` (the
+    latter is refused where its square sums are formed)."""
+    largest = float(np.abs(Y).max()) if Y.size else 0.0
+    return math.frexp(largest)[1] if 0 < largest < math.inf else 0
 
 
 def _test_block(S, dtype):
@@ -464,8 +510,9 @@ def _add_transpose(out, scale, M):
     np.add.at(out, (T.col, T.row), scale * T.data)
 
 
-def _pcg(A, mu, b, P_inv, tol, max_iter, callback):
-    """Preconditioned CG (Hestenes-Stiefel) from ``x = 0``: ``(x, iterations, ||r|| / ||b||)``."""
+def _pcg(A, mu, b, P_inv, tol, max_iter, callback, shift=0):
+    """Preconditioned CG (Hestenes-Stiefel) from ``x = 0``: ``(x, iterations, ||r|| / ||b||)``.
+    ``b`` is the right-hand side over ``2**shift``; ``callback`` sees ``x`` times that."""
     bnorm = float(np.linalg.norm(b))
     x = np.zeros_like(b)
     if bnorm == 0:
@@ -487,5 +534,5 @@ def _pcg(A, mu, b, P_inv, tol, max_iter, callback):
         rnorm = float(np.linalg.norm(r))
         it += 1
         if callback is not None:
-            callback(x)
+            callback(np.ldexp(x, shift).astype(x.dtype, copy=False))
     return x, it, rnorm / bnorm

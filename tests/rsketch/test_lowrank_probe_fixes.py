@@ -1,0 +1,107 @@
+"""Low-rank and Nyström-PCG cases found by probing: scales where squares underflow or overflow,
+LinearOperators that return the wrong products or lack A.T, and block Krylov's passes."""
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy.sparse.linalg import LinearOperator
+
+import rsketch
+
+rng = np.random.default_rng(0)
+A = rng.standard_normal((300, 40)) * np.exp(-np.arange(40) / 3)
+P, b = A.T @ A, rng.standard_normal(40)
+
+
+@pytest.mark.parametrize("b_scale", [1e-300, 1e-170, 1e-150, 1e160, 1e300])
+def test_nystrom_pcg_solves_right_hand_sides_of_any_scale(b_scale):
+    # b of 1e-300 came back as x = 0, "converged"; 1e-150 met a division by zero; 1e160 gave x = 0
+    base = rsketch.nystrom_pcg(P, b, 1e-3, seed=0)
+    res = rsketch.nystrom_pcg(P, b * b_scale, 1e-3, seed=0)
+    assert res.converged
+    np.testing.assert_allclose(res.x / b_scale, base.x, rtol=1e-12, atol=1e-12 * np.abs(base.x).max())
+
+
+@pytest.mark.parametrize("a_scale", [1e-300, 1e-170, 1e155, 1e200])
+def test_nystrom_pcg_solves_systems_of_any_scale(a_scale):
+    # A of 1e-170: a zero preconditioner (its squares underflowed), 40 iterations for 4; 1e-300 a
+    # division by zero; 1e155 "products with A are not finite"
+    base = rsketch.nystrom_pcg(P, b, 1e-3, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = rsketch.nystrom_pcg(P * a_scale, b, 1e-3 * a_scale, seed=0)
+    assert res.converged and res.iterations == base.iterations
+    np.testing.assert_allclose(res.x * a_scale, base.x, rtol=1e-11, atol=1e-11 * np.abs(base.x).max())
+    top = res.preconditioner.eigenvalues.max() / a_scale
+    assert top == pytest.approx(base.preconditioner.eigenvalues.max(), rel=1e-10)
+
+
+@pytest.mark.parametrize("scale", [2.0**-600, 1e160])
+def test_error_estimates_do_not_depend_on_the_scale(scale):
+    # svd's estimate was 0 at 2**-600 (the probes' squares underflowed), and the adaptive range
+    # finder returned no column (estimate 0) there and at 1e160 (estimate inf)
+    base_svd = rsketch.svd(A, 5, seed=0)
+    assert rsketch.svd(A * scale, 5, seed=0).error_estimate / scale == pytest.approx(
+        base_svd.error_estimate, rel=1e-12
+    )
+    base = rsketch.range_finder(A, 5, tol=1e-3, seed=0)
+    res = rsketch.range_finder(A * scale, 5, tol=1e-3 * scale, seed=0)
+    assert res.Q.shape == base.Q.shape == (300, 5)
+    assert res.error_estimate / scale == pytest.approx(base.error_estimate, rel=1e-12)
+
+
+def test_a_linear_operator_with_products_of_another_shape_is_refused():
+    # an (m, 1) product for (m, k) was broadcast into the basis: singular values 22.0, 16.0, 10.8
+    # for 23.1, 22.5, 22.0
+    X = rng.standard_normal((300, 40))
+    bad = LinearOperator(
+        X.shape, matvec=lambda v: X @ v, rmatvec=lambda v: X.T @ v, matmat=lambda V: (X @ V)[:, :1],
+        rmatmat=lambda V: X.T @ V, dtype=float,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"returned A @ Y of shape \(300, 1\)"):
+        rsketch.svd(bad, 5, seed=0)
+    square = LinearOperator((40, 40), matvec=lambda v: P @ v, matmat=lambda V: (P @ V)[:, :1], dtype=float)
+    with pytest.raises(ValueError, match=r"shape \(40, 1\)"):
+        rsketch.nystrom_pcg(square, b, 1e-3, seed=0)
+    ints = LinearOperator(
+        X.shape, matvec=lambda v: (X @ v).astype(int), rmatvec=lambda v: X.T @ v, dtype=float
+    )
+    with pytest.raises(ValueError, match="dtype int64"):
+        rsketch.svd(ints, 5, seed=0)
+
+
+def test_eigh_takes_a_symmetric_operator_with_a_matvec_only():
+    # it met "'NoneType' object is not callable" asking for A.T products; svd needs them, and says so
+    only = LinearOperator((40, 40), matvec=lambda v: P @ v, dtype=float)
+    res = rsketch.eigh(only, 3, passes=7, seed=0)
+    np.testing.assert_allclose(res.eigenvalues, rsketch.eigh(P, 3, passes=7, seed=0).eigenvalues, rtol=1e-12)
+    with pytest.raises(TypeError, match="without rmatvec/rmatmat"):
+        rsketch.svd(LinearOperator((300, 40), matvec=lambda v: A @ v, dtype=float), 5, seed=0)
+
+
+def test_block_krylov_without_room_for_a_second_block_iterates_and_reports_its_passes():
+    # rank 60 of 2,000 x 100: no second block fits, and block Krylov made 2 products, reported 6
+    # and missed the optimum by 78% (subspace iteration: 8%)
+    U, _ = np.linalg.qr(rng.standard_normal((2000, 100)))
+    V, _ = np.linalg.qr(rng.standard_normal((100, 100)))
+    s = 1 / np.sqrt(np.arange(1, 101))
+    M = (U * s) @ V.T
+    products = [0]
+
+    def counted(f):
+        def g(Y):
+            products[0] += 1
+            return f(Y)
+
+        return g
+
+    L = LinearOperator(
+        M.shape, matvec=counted(lambda v: M @ v), rmatvec=counted(lambda v: M.T @ v),
+        matmat=counted(lambda V: M @ V), rmatmat=counted(lambda V: M.T @ V), dtype=float,
+    )  # fmt: skip
+    res = rsketch.svd(L, 60, seed=0, error_probes=False)
+    assert res.passes == products[0] == 6
+    excess = np.linalg.norm(M - (res.U * res.s) @ res.Vt, 2) / s[60] - 1
+    assert excess < 0.2
+    assert rsketch.svd(M, 20, seed=0, passes=10**9 + 1).passes < 10  # the passes it made

@@ -210,7 +210,9 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
         Dense, float32 or float64 (kept).
     tol : float, optional
         Relative rank tolerance on the sketch's pivots: column ``j`` of the pivoted order counts
-        while ``|R_sk[j, j]| > tol |R_sk[0, 0]|``. Default ``max(d, n) eps``.
+        while ``|R_sk[j, j]| > tol |R_sk[0, 0]|``. Default ``max(m, n) eps``, the rule of
+        ``numpy.linalg.matrix_rank`` for ``A`` (and of the ``geqp3`` path): the problem's, not the
+        sketch's, so the rank does not depend on ``sketch_size``.
     sketch : str or SketchOperator, default "sparse_sign"
         The sketch ``S`` (``d x m``); any kind of :func:`rsketch.make_sketch`.
     sketch_size : int, optional
@@ -275,7 +277,9 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
         return _householder(A, tol)  # NaN/inf refused there; LAPACK scales huge entries safely
     _, R_sk, perm = scipy.linalg.qr(SA, mode="economic", pivoting=True, check_finite=False)
     eps = np.finfo(A.dtype).eps
-    rank_tol = max(d, n) * eps if tol is None else tol
+    # max(m, n) eps, as the geqp3 path and NumPy's matrix_rank: the rank is A's. With max(d, n) eps
+    # (d the sketch's rows) singular values 1e-14 of a 2000 x 30 A counted at d = 60 and not at d = 200.
+    rank_tol = max(m, n) * eps if tol is None else tol
     rank = _rank_of(R_sk, rank_tol)
     bound = RANK_CHECK_FACTOR * max(rank_tol, max(d, n) * eps) * abs(R_sk[0, 0])
     if is_dask_array(A):  # two more passes over the chunks: the Gram, then Q (lazy)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ._threads import blas_threads
+from .config import LlamaConfig
 from .gguf_reader import read_gguf
 from .model import Model, weight_dtype
 from .tokenizer import Tokenizer
@@ -161,8 +162,16 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized", device="cpu") 
             f"name_or_path {str(name_or_path)!r} is neither a known model name {sorted(MODELS)} nor a file"
         )
     f = read_gguf(path)
+    tokenizer = Tokenizer.from_metadata(f.metadata)  # metadata only: checked before the weights
+    vocab = LlamaConfig.from_metadata(f.metadata).vocab_size
+    if tokenizer.vocab_size != vocab:  # ids one side has and the other lacks: text lost, or a crash
+        raise ValueError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens (tokenizer.ggml.tokens) but the "
+            f"model's vocabulary is {vocab} (llama.vocab_size, the embedding's rows): a model emitting ids "
+            "past the tokenizer's decodes them to nothing, prompt ids past the model's fail in its forward"
+        )
     with blas_threads():
         model = Model.from_gguf(f, dtype=dtype)
     if xp is not None:
         model = model.to_device(xp)
-    return LoadedModel(model, Tokenizer.from_metadata(f.metadata))
+    return LoadedModel(model, tokenizer)

@@ -139,14 +139,31 @@ def validate_sampling(temperature, top_k, top_p):
 
 
 def greedy(logits: np.ndarray) -> np.ndarray:
-    """Argmax of each row of ``logits`` ``[B, V]`` -> ``[B]`` (ties: lowest id).
+    """Argmax of each row of ``logits`` ``[B, V]`` -> ``[B]`` (ties: lowest id); a row whose maximum
+    is not finite raises :func:`non_finite_logits`'s error (NumPy's argmax of a NaN row is 0: the
+    engine decoded token 0 from a model whose activations overflowed).
 
     Examples
     --------
     >>> greedy(np.array([[0.1, 0.7, 0.7], [2.0, 0.0, 1.0]])).tolist()
     [1, 0]
     """
-    return np.argmax(logits, axis=-1)
+    idx = np.argmax(logits, axis=-1)
+    # the first NaN is the argmax of a row that holds one: checking the chosen entries is enough
+    chosen = np.take_along_axis(np.asarray(logits), np.expand_dims(idx, -1), axis=-1)
+    if not np.isfinite(chosen).all():
+        raise non_finite_logits(chosen)
+    return idx
+
+
+def non_finite_logits(values) -> FloatingPointError:
+    """The error for logits that are NaN or infinite (the model's, not the caller's, numbers)."""
+    rows = np.flatnonzero(~np.isfinite(np.asarray(values).reshape(np.shape(values)[0], -1)).all(axis=-1))
+    return FloatingPointError(
+        f"the model's logits are not finite (NaN or inf) in row(s) {rows[:8].tolist()}: its activations "
+        "overflowed (a float16 KV cache holds values up to 65504: set model.kv_dtype = numpy.float32, "
+        "or load it with dtype=numpy.float32) or its weights hold values too large for them"
+    )
 
 
 #: ``exp(-EXP_FLOOR)`` is 0 in float64 (``exp`` underflows to 0 below about -745.1), so a scaled
@@ -180,7 +197,10 @@ def filtered_probs(logits: np.ndarray, temperature: float, top_k=None, top_p=Non
     # A shifted logit below -EXP_FLOOR * temperature is raised to it: its exp is 0 either way, and
     # the quotient stays finite (a temperature so small that every other logit reaches the floor
     # is greedy decoding).
-    d = logits - logits.max(axis=-1, keepdims=True)
+    top = logits.max(axis=-1, keepdims=True)  # NaN where a row holds one
+    if not np.isfinite(top).all():
+        raise non_finite_logits(top)
+    d = logits - top
     z = np.maximum(d, -EXP_FLOOR * float(temperature)) / temperature  # the row's maximum is 0
     if top_k is not None and top_k < V:
         kth = np.partition(z, V - top_k, axis=-1)[:, V - top_k][:, None]  # k-th largest per row

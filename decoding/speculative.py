@@ -39,7 +39,7 @@ from .cost_model import CostModel, DraftBudget
 from .drafters import DRAFTERS, Drafter, DraftModelDrafter, make_drafter
 from .model import PackedBatch
 from .results import GenerationResult
-from .sampling import SamplingParams, TokenNoise, filtered_probs, inverse_cdf, sample
+from .sampling import SamplingParams, TokenNoise, filtered_probs, greedy, inverse_cdf, sample
 from .scheduling import Outputs, SlotQueue, check_max_batch, check_memory, decode_step, loop_memory
 from .tokenizer import check_text, check_token_ids
 
@@ -73,7 +73,7 @@ def verify_greedy(logits: np.ndarray, draft: np.ndarray, sampling=None, u=None):
     >>> verify_greedy(lg, np.array([2, 4]))
     (1, [2, 3])
     """
-    target = np.argmax(logits, axis=-1)  # [n + 1]
+    target = greedy(logits)  # [n + 1]; non-finite logits raise
     n = draft.size
     mism = np.flatnonzero(target[:n] != draft)
     m = int(mism[0]) if mism.size else n
@@ -500,6 +500,11 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
             cut = bool(room.any()) and not plan.any()  # (at a batch's last step there is no room)
             room = np.minimum(room, plan)
     proposal = drafter.propose(contexts, room, active)
+    if len(proposal.tokens) != len(active):  # a custom drafter's slip met zip()'s "shorter than"
+        raise ValueError(
+            f"drafter {drafter.name!r} proposed {len(proposal.tokens)} drafts for {len(active)} samples "
+            "(Drafter.propose returns one, possibly empty, per sample)"
+        )
     proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
     drafts = _Drafts(proposed, proposed)
     stats.asked[active] += room > 0

@@ -24,6 +24,7 @@ which is ``n / r`` whenever ``E[P_S] = (r / n) I``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -200,21 +201,41 @@ def _sparse_v(kind, r, options) -> float:
     return sum(1.0 / b for b in sizes) / s**2
 
 
+def _embedding_rows(p: int) -> int:
+    """The smallest ``r`` at which the paper's forms are applied: ``max(p + 2, ceil(p ln p))``.
+
+    Their derivation needs the sketch to embed ``range(X)`` with a constant distortion, which the paper
+    states for ``r`` of order ``p log p`` (the constant is unknown: set to 1, as for the uniform-sampling
+    shape). Not below ``p + 2`` either (``p ln p`` is smaller for ``p <= 4``): at ``r < p`` every draw is
+    rank-deficient, a Gaussian's ``E[C_PE]`` is infinite up to ``r = p + 1``, and at ``r = p = 1`` its
+    90 % quantile (that of ``chi2_{n-1} / chi2_1``, about ``63 (n - 1)``) is above ``44 (1 + n)``. An
+    offset or a factor close to 1 would not do: at ``n = 20000, p = 200`` the Gaussian's median ``C_PE``
+    is above ``44 (1 + n/r)`` at ``r = 202``, its 90 % quantile at ``r = 205``.
+    """
+    return max(p + 2, math.ceil(p * math.log(p)))
+
+
+def _embedding_condition(p: int, r: int) -> tuple[bool, str]:
+    r0 = _embedding_rows(p)
+    return r >= r0, f"r >= max(p + 2, p ln p) = {r0} (the paper's 'r of order p log p', constant 1)"
+
+
 # --------------------------------------------------------------------------------------------- families
 def _gaussian(n, p, r, delta):
     out = []
     prob_note = "holds with the paper's constant probability (level not confirmed)"
+    applies, paper_cond = _embedding_condition(p, r)
     out.append(
         Bound(
             "pe",
             "upper",
-            44 * (1 + n / r),
+            44 * (1 + n / r) if applies else math.nan,
             "44 (1 + n/r)",
             PAPER,
             None,
             True,
             "draw",
-            "r of order p log p (paper's condition not confirmed)",
+            paper_cond,
             prob_note,
         )
     )
@@ -222,13 +243,13 @@ def _gaussian(n, p, r, delta):
         Bound(
             "re",
             "upper",
-            1 + 44 * p / r,
+            1 + 44 * p / r if applies else math.nan,
             "1 + 44 p/r",
             PAPER,
             None,
             True,
             "draw",
-            "r of order p log p (paper's condition not confirmed)",
+            paper_cond,
             prob_note,
         )
     )
@@ -306,8 +327,10 @@ def _re_from_pe(pe_b, n, p, delta, cond):
 
 def _srht(n, p, r, delta):
     L = math.log(n * p)
-    pe = 40 * L * (1 + n / r)
-    cond = "r of order p log(np) (paper's condition not confirmed)"
+    # The SRHT embeds range(X) for r of order p log p too (up to the log n of its coherence, which the
+    # form's log(np) carries); below, as for the Gaussian, no form applies.
+    applies, cond = _embedding_condition(p, r)
+    pe = 40 * L * (1 + n / r) if applies else math.nan
     prob_note = "holds with the paper's constant probability (level not confirmed)"
     return [
         Bound("pe", "upper", pe, "40 log(np) (1 + n/r)", PAPER, None, True, "draw", cond, prob_note),
@@ -326,7 +349,7 @@ def _srht(n, p, r, delta):
         Bound(
             "re",
             "upper",
-            1 + 40 * L * (1 + p / r),
+            1 + 40 * L * (1 + p / r) if applies else math.nan,
             "1 + 40 log(np) (1 + p/r) [as drawn]",
             PAPER,
             None,
@@ -404,17 +427,21 @@ def _sampling(kind, n, p, r, delta, ell, options):
     # The paper's shapes (constants unknown: set to 1).
     if kind == "leverage" and ell_eff is not None:
         # ||S^T S|| ~ 1 / (r min_i pi_i): p / (r min_i l_i) for pure leverage sampling (pi = l / p).
+        # Like the projections' forms it needs an embedding, r of order p log p (it read a finite
+        # value at r < p, where every draw is rank-deficient).
+        applies, shape_cond = _embedding_condition(p, r)
+        value = 1.0 / (r * float(pi.min())) if pi.min() > 0 else math.inf  # a row never sampled
         out.append(
             Bound(
                 "pe",
                 "upper",
-                1.0 / (r * float(pi.min())) if pi.min() > 0 else math.inf,  # a row never sampled
+                value if applies else math.nan,
                 "C / (r min_i pi_i)  [= C p/(r min l) for pi = l/p]",
                 PAPER_SHAPE,
                 None,
                 False,
                 "draw",
-                "",
+                shape_cond,
                 "constant C unknown (set to 1)",
             )
         )
@@ -634,6 +661,21 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
             "||E[S^T (S S^T)^{-1} S]|| <= eta r/n",
         )
     )
+
+    if r < p:
+        # S X has rank at most r < p on every draw: no draw has a unique sketched fit, and no finite upper
+        # bound holds with any probability. Each family's condition already excludes r < p; this keeps
+        # it so for any bound added later.
+        allb = [
+            dataclasses.replace(
+                b,
+                value=math.nan,
+                condition=f"r >= p (every sketch of r = {r} < p rows is rank-deficient); {b.condition}",
+            )
+            if b.side == "upper"
+            else b
+            for b in allb
+        ]
 
     def primary(measure, side):
         # The first bound listed for (measure, side): each family lists its preferred one first.

@@ -91,14 +91,17 @@ class EfficiencyResult:
         ``C_WC(S_i)`` for the given ``y`` (None when no ``y`` was given).
     rank_deficient : ndarray of bool, shape (n_sketches,)
         Draws where ``S X`` has rank below ``p`` (``r < p``, or sampling that missed directions): the sketched
-        estimator is not unique there, and those draws are excluded from every summary.
+        problem has a whole affine set of solutions there, over which each measure is unbounded: a failure
+        of the sketch. The summaries count such a draw as ``+inf``.
     pe, re, wc : float
-        Means over the full-rank draws (``wc`` is None without ``y``; NaN if every draw was rank-deficient).
+        Means over all draws (``wc`` is None without ``y``): ``+inf`` where any draw was rank-deficient
+        (the expectation over sketches is then infinite); :meth:`mean_given_full_rank` gives the mean over
+        the full-rank draws.
     pe_median, re_median, wc_median : float
-        Medians over the full-rank draws.
+        Medians over all draws, rank-deficient ones counted as ``+inf`` (``+inf`` when half or more are).
     pe_ci, re_ci, wc_ci : tuple of float
         95 % bias-corrected and accelerated (BCa) bootstrap intervals for each mean, valid for the
-        right-skewed distributions these ratios have.
+        right-skewed distributions these ratios have; ``(inf, inf)`` where any draw was rank-deficient.
     seed : object
         The seed the draws were spawned from.
 
@@ -139,7 +142,7 @@ class EfficiencyResult:
 
     @property
     def n_rank_deficient(self) -> int:
-        """Number of rank-deficient draws (reported, never averaged in)."""
+        """Number of rank-deficient draws (failures of the sketch: ``+inf`` in every summary)."""
         return int(self.rank_deficient.sum())
 
     def draws(self, measure: str) -> np.ndarray:
@@ -151,7 +154,13 @@ class EfficiencyResult:
         return values[~self.rank_deficient]
 
     def quantile(self, measure: str, q: float) -> float:
-        """Empirical ``q``-quantile of ``measure`` over the full-rank draws (NaN if there are none).
+        """Empirical ``q``-quantile of ``measure`` over all draws, a rank-deficient draw counted as ``+inf``.
+
+        It is ``+inf`` once ``q`` reaches into the rank-deficient draws (linear interpolation between the
+        sorted draws, as ``numpy.quantile``, with them last): a ``(1 - delta)``-quantile set against a
+        bound that holds with probability ``1 - delta`` must count a sketch that failed as a failure.
+        Over the full-rank draws alone (``numpy.quantile(res.draws(measure), q)``) it would be a quantile
+        of the draws that succeeded, below the one a bound is about.
 
         Examples
         --------
@@ -161,11 +170,23 @@ class EfficiencyResult:
         >>> res.quantile("pe", 0.9) >= res.pe_median
         True
         """
+        if isinstance(q, bool) or not isinstance(q, numbers.Real):
+            raise TypeError(f"q must be a number in [0, 1], got {type(q).__name__} {q!r}")
         q = float(q)
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q must lie in [0, 1], got {q}")
+        self.draws(measure)  # checks measure
+        return _quantile_with_failures(getattr(self, f"{measure}_draws"), self.rank_deficient, q)
+
+    def mean_given_full_rank(self, measure: str) -> float:
+        """Mean of ``measure`` over the full-rank draws only (NaN if there are none).
+
+        The conditional mean ``E[C | S X of rank p]``: what ``pe``, ``re`` and ``wc`` were before they
+        counted rank-deficient draws. Read it with :attr:`n_rank_deficient`, never as the mean over
+        sketches.
+        """
         values = self.draws(measure)
-        return float(np.quantile(values, q)) if values.size else math.nan
+        return float(values.mean()) if values.size else math.nan
 
     def __str__(self) -> str:
         lines = [
@@ -179,7 +200,10 @@ class EfficiencyResult:
                 continue
             lo, hi = getattr(self, f"{m}_ci")
             med = getattr(self, f"{m}_median")
-            lines.append(f"  {m.upper()}: mean {mean:.4g} (95% CI {lo:.4g} .. {hi:.4g}), median {med:.4g}")
+            line = f"  {m.upper()}: mean {mean:.4g} (95% CI {lo:.4g} .. {hi:.4g}), median {med:.4g}"
+            if self.n_rank_deficient:
+                line += f"; mean over the full-rank draws {self.mean_given_full_rank(m):.4g}"
+            lines.append(line)
         return "\n".join(lines)
 
 
@@ -232,11 +256,38 @@ def _check_positive(value, name: str) -> float:
     return value
 
 
-def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD ``X = U diag(s) Vt`` of a full-column-rank ``X``; raises ``ValueError`` if rank-deficient.
+def _equilibrated(X):
+    """``X`` with each column multiplied by the power of two that brings its largest entry into ``[1/2, 1)``.
 
-    For an ``X`` of another library (CuPy) ``U`` is computed and kept there; ``s`` and ``Vt`` are host arrays.
+    Exact (only exponents change; a zero column stays zero), and it leaves ``range(X)``, on which every
+    measure depends, as it was. The rank check and ``U`` then do not depend on the columns' scales: from
+    the SVD of ``X * logspace(-150, 150, p)`` the rank check read rank 1, and a normwise backward-stable
+    SVD loses the small columns' directions besides. The largest entry, not the norm: a column's norm
+    under- or overflows (entries near 1e-170 or 1e170), its largest entry never does.
     """
+    xp = array_namespace(X)
+    top = np.asarray(to_host(xp.max(xp.abs(X), axis=0)), dtype=np.float64)
+    exponents = np.where(top > 0, np.frexp(top)[1], 0)
+    if not exponents.any():
+        return X
+    if np.abs(exponents).max() <= 1000:
+        return X * like(np.ldexp(1.0, -exponents), X)
+    # In two halves: 2.0**-e alone under- or overflows for e beyond about +-1022 (subnormal or huge
+    # columns); each half stays within range, and so does the intermediate product.
+    half = exponents // 2
+    return (X * like(np.ldexp(1.0, -half), X)) * like(np.ldexp(1.0, half - exponents), X)
+
+
+def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD ``X D = U diag(s) Vt`` with ``D`` the diagonal of powers of two of :func:`_equilibrated`;
+    raises ``ValueError`` if ``X`` does not have full column rank.
+
+    ``U`` is an orthonormal basis of ``range(X)``, which is all the efficiencies depend on; scaling a
+    column of ``X`` changes neither ``U``'s range nor the rank found (the rank is that of ``X D``: its
+    singular values above ``s[0] max(n, p) eps``, NumPy's ``matrix_rank`` rule). For an ``X`` of another
+    library (CuPy) ``U`` is computed and kept there; ``s`` and ``Vt`` are host arrays.
+    """
+    X = _equilibrated(X)
     if is_non_numpy_array(X):  # on the device (cuSOLVER for CuPy); U stays there
         U, s, Vt = array_namespace(X).linalg.svd(X, full_matrices=False)
         s, Vt = to_host(s), to_host(Vt)
@@ -249,7 +300,7 @@ def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
         rank = int(np.sum(s > tol))
         raise ValueError(
             f"X must have full column rank (the efficiencies compare with a unique OLS fit); "
-            f"got rank {rank} < p = {X.shape[1]}"
+            f"got rank {rank} < p = {X.shape[1]} (each column scaled to a largest entry near 1)"
         )
     return U, s, Vt
 
@@ -295,11 +346,37 @@ def bca_interval(values, *, level: float = 0.95, n_boot: int = _N_BOOT, rng=None
     return (float(lo), float(hi))
 
 
+def _quantile_with_failures(values: np.ndarray, failed: np.ndarray, q: float) -> float:
+    """``numpy.quantile`` of ``values`` with the ``failed`` entries counted as ``+inf``.
+
+    ``numpy.quantile`` itself gives NaN between a finite value and ``inf`` (its interpolation forms
+    ``inf - inf`` or ``0 * inf``): the failures sit last in sorted order, so the quantile is ``+inf``
+    once its position reaches them, and otherwise that of the same positions among the finite draws.
+    Without failures it is ``numpy.quantile`` itself, bit for bit.
+    """
+    if not failed.any():
+        return float(np.quantile(values, q))
+    k, ok = values.size, int(np.count_nonzero(~failed))
+    h = (k - 1) * q  # numpy's position for its default ("linear") method
+    if ok == 0 or h > ok - 1:
+        return math.inf
+    # Positions 0 .. ok - 1 are the finite draws: fill the failures with the largest of them (never used
+    # at these positions) so that numpy interpolates between the same two draws it would use.
+    good = values[~failed]
+    filled = np.concatenate([good, np.full(k - ok, good.max())])
+    return float(np.quantile(filled, q))
+
+
 def _summaries(values: np.ndarray, mask: np.ndarray, rng) -> tuple[float, float, tuple[float, float]]:
-    good = values[~mask]
-    if good.size == 0:
-        return math.nan, math.nan, (math.nan, math.nan)
-    return float(good.mean()), float(np.median(good)), bca_interval(good, rng=rng)
+    """Mean, median and BCa interval over all draws, the rank-deficient ones (``mask``) as ``+inf``.
+
+    A rank-deficient draw has no unique sketched fit; every measure is infinite there (the worst over
+    the fits). One in the sample shows that failures have positive probability, so the mean over
+    sketches, and every interval for it, is ``+inf``; the median is ``+inf`` from half the draws on.
+    """
+    if mask.any():
+        return math.inf, _quantile_with_failures(values, mask, 0.5), (math.inf, math.inf)
+    return float(values.mean()), float(np.median(values)), bca_interval(values, rng=rng)
 
 
 # --------------------------------------------------------------------------------------------- per draw
@@ -413,17 +490,17 @@ def _lstsq(Q, s, Wt, B):
     return Wt.T @ (to_host(Q.T @ B) / s[:, None])
 
 
-def _simulate_draw(S, X, svd_x, y, beta, sigma, n_noise, noise_seed):
+def _simulate_draw(S, X, svd_x, y, mean, sigma, n_noise, noise_seed):
     """(pe, re, wc or nan, rank_deficient) for one sketch, by solving least squares on noise draws.
 
-    For an ``X`` of another library (CuPy) the noise is drawn on the host (the same numbers on every
-    device) and moved there once; the ``n``-sized work runs in ``X``'s library, the SVD of ``S X`` on
-    the host.
+    ``X`` is the equilibrated design (``svd_x`` its SVD) and ``mean`` the caller's ``X @ beta``: the
+    fits are projections onto ``range(X)``, which the equilibration keeps. For an ``X`` of another
+    library (CuPy) the noise is drawn on the host (the same numbers on every device) and moved there
+    once; the ``n``-sized work runs in ``X``'s library, the SVD of ``S X`` on the host.
     """
     n, p = X.shape
     rng = np.random.default_rng(noise_seed)
     xp = array_namespace(X)
-    mean = X @ like(beta, X)
     Y = mean[:, None] + like(sigma * rng.standard_normal((n, n_noise)), X)
     if y is not None:
         Y = xp.concat([Y, y[:, None]], axis=1)
@@ -473,6 +550,9 @@ def efficiency(
     ----------
     X : array of shape (n, p)
         The design, of full column rank with ``n > p`` (sparse input is densified: the SVD needs it).
+        The measures depend on ``range(X)`` only, and so does the rank check: the columns are scaled by
+        powers of two (exactly) to a largest entry near 1 first, so ``X * logspace(-150, 150, p)`` gives
+        the measures of ``X``.
         A CuPy array (or one of another array-API library) stays on its device: its SVD and both
         products of every draw run there, the ``r x p`` SVDs on the host (``docs/gpu.md``); then ``y``
         must be on the same device and ``executor`` None (``"simulate"`` draws its noise on the host).
@@ -516,7 +596,9 @@ def efficiency(
     Returns
     -------
     EfficiencyResult
-        Per-draw values, means, medians, 95 % BCa intervals and the rank-deficient draws.
+        Per-draw values, means, medians, 95 % BCa intervals and the rank-deficient draws. A
+        rank-deficient draw is a failure of the sketch: the means, intervals, medians and quantiles count
+        it as ``+inf`` (``mean_given_full_rank`` leaves it out).
 
     Notes
     -----
@@ -565,12 +647,17 @@ def efficiency(
     # Per draw: [U, y] and S^T Q (closed form), or the noise, fits and residuals (simulate), each n x width.
     width = 3 * (p + 1) if method == "closed_form" else 5 * (n_noise + 1) + p
     check_allocation(
-        8 * n * (width + 2 * p),
+        8 * n * (width + 3 * p),  # X, its equilibrated copy and U besides the per-draw arrays
         f"efficiency with n={n}, p={p}" + (f", n_noise={n_noise}" if method == "simulate" else ""),
         "use a smaller n_noise or a sample of the rows of X"
         if method == "simulate"
         else "use fewer rows of X",
     )
+    # The measures depend on range(X) only: the draws use X with its columns scaled by powers of two
+    # (exact), so neither the rank check nor U depends on the columns' scales; the simulated responses'
+    # mean X beta is the caller's.
+    mean = X @ like(beta, X) if method == "simulate" else None
+    X = _equilibrated(X)
     svd_x = orthonormal_basis(X)
     options = dict(sketch_options)
     if sketch == "leverage" and "scores" not in options:
@@ -580,7 +667,7 @@ def efficiency(
         )
     y_parts = _wc_parts(y, svd_x[0])
 
-    draw = _Draws(sketch, r, options, method, svd_x, y_parts, X, y, beta, sigma, n_noise)
+    draw = _Draws(sketch, r, options, method, svd_x, y_parts, X, y, mean, sigma, n_noise)
     seeds = root.spawn(n_sketches)
     noise_seeds = root.spawn(n_sketches)  # the next children: independent of the sketch seeds
     bar = tqdm(total=n_sketches, disable=not progress, desc=f"efficiency[{sketch}, r={r}]", leave=False)
@@ -615,9 +702,9 @@ class _Draws:
     method: str
     svd_x: tuple
     y_parts: tuple | None
-    X: np.ndarray
+    X: np.ndarray  # equilibrated (_equilibrated)
     y: np.ndarray | None
-    beta: np.ndarray
+    mean: np.ndarray | None  # X @ beta of the caller's X (method="simulate")
     sigma: float
     n_noise: int
 
@@ -640,7 +727,7 @@ class _Draws:
         for i, (seed, noise_seed) in enumerate(zip(seeds, noise_seeds, strict=True)):
             S = make_sketch(self.sketch, n, self.r, seed=seed, **self.options)
             out[i] = _simulate_draw(
-                S, self.X, self.svd_x, self.y, self.beta, self.sigma, self.n_noise, noise_seed
+                S, self.X, self.svd_x, self.y, self.mean, self.sigma, self.n_noise, noise_seed
             )
         return out
 
@@ -790,7 +877,7 @@ def _wc_parts(y, U):
 
 
 def _summarise(draws, with_wc, boot_seed, **fields) -> EfficiencyResult:
-    """Means, medians and BCa intervals of the per-draw measures (rank-deficient draws left out)."""
+    """Means, medians and BCa intervals of the per-draw measures (rank-deficient draws as ``+inf``)."""
     pe, re, wc = draws[:, 0].copy(), draws[:, 1].copy(), draws[:, 2].copy() if with_wc else None
     deficient = draws[:, 3] != 0
     rngs = boot_seed.spawn(3)

@@ -143,12 +143,14 @@ def test_other_families_at_r_equals_n_stay_above_one(kind, opts):
     assert res.pe_ci[1] >= lower.value > 1
 
 
-def test_rank_deficient_draws_are_reported_not_averaged():
+def test_rank_deficient_draws_are_reported_and_count_as_failures():
+    # a rank-deficient draw is a failed sketch: the means are +inf (they were NaN, or the mean of
+    # the full-rank draws alone, which hid the failures); mean_given_full_rank is that old mean
     n, p = 120, 6
     X, y = _problem(n, p, 6)
     res = rsketch.efficiency(X, sketch="gaussian", sketch_size=p - 1, y=y, n_sketches=4, seed=0)
     assert res.n_rank_deficient == 4 and res.rank_deficient.all()
-    assert math.isnan(res.pe) and np.isnan(res.pe_draws).all() and math.isnan(res.wc)
+    assert res.pe == res.wc == math.inf and np.isnan(res.pe_draws).all()
     # A direction carried by one row only: uniform sampling misses it whenever it misses that row.
     X2 = X.copy()
     X2[:, -1] = 0.0
@@ -159,7 +161,8 @@ def test_rank_deficient_draws_are_reported_not_averaged():
     missed = np.array([17 not in rsketch.make_sketch("uniform", n, r, seed=c).indices() for c in children])
     assert 0 < missed.sum() < k
     np.testing.assert_array_equal(res.rank_deficient, missed)
-    assert np.isfinite(res.pe) and res.pe == pytest.approx(np.nanmean(res.pe_draws))
+    assert res.pe == math.inf
+    assert res.mean_given_full_rank("pe") == pytest.approx(np.nanmean(res.pe_draws))
     assert res.draws("pe").size == k - missed.sum()
 
 

@@ -90,7 +90,50 @@ def _relative_backward_error(factor, g, rn2, coef):
     return est / frob if frob > 0 else est
 
 
-def ihs(X, Y, S0, *, tol, max_iter, log):
+def stable_level(p):
+    """The relative backward error estimate a run must reach to count as converged by default."""
+    return BACKWARD_STABLE * np.sqrt(p) * _EPS
+
+
+#: An unconverged run returns an earlier iterate only where the last one's squared residual norm is
+#: larger by more than this, relative: near a stall the norms differ by a few eps, at random (a
+#: "best" chosen on that picked backward errors of 5e-10 over the last iterate's 1.4e-12).
+CLEARLY_WORSE = np.sqrt(_EPS)
+
+
+class _Best:
+    """Per column, the iterate with the smallest residual norm seen, with its gradient and measure.
+
+    A run that ends unconverged returns it where its last iterate is clearly worse: a diverging
+    iteration (a sketch that is no embedding of ``range(X)``) left its last iterate at a relative
+    error of ``1e44`` where ``coef = 0`` had 1. The residual norm comes with each iterate's gradient
+    (from ``X`` itself), so the choice costs nothing; columns are independent iterations, each
+    keeps its own.
+    """
+
+    def __init__(self, p, k):
+        self.rn2 = np.full(k, np.inf)
+        self.coef, self.g = np.zeros((p, k)), np.zeros((p, k))
+        self.measure = np.zeros(k)
+
+    def update(self, coef, g, rn2, measure):
+        better = rn2 < self.rn2
+        if better.any():
+            self.rn2[better], self.measure[better] = rn2[better], measure[better]
+            self.coef[:, better], self.g[:, better] = coef[:, better], g[:, better]
+
+    def or_last(self, coef, g, rn2, measure):
+        """``(coef, g, rn2, measure)``: per column the kept iterate where the last is clearly worse."""
+        back = rn2 > self.rn2 * (1.0 + CLEARLY_WORSE)
+        return (
+            np.where(back, self.coef, coef),
+            np.where(back, self.g, g),
+            np.where(back, self.rn2, rn2),
+            np.where(back, self.measure, measure),
+        )
+
+
+def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
     """Run IHS on validated ``X`` (float64, dense or CSR) and ``Y`` (``(n, k)``, C-contiguous).
 
     Parameters
@@ -101,22 +144,33 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
         The first sketch; later ones come from :func:`fresh_sketch`.
     tol : float
         Stop when, for every column, both ``||M_t.T g|| / ||y||`` and ``||M_t M_t.T g|| / ||coef||``
-        are below ``tol`` (``g`` the gradient, ``M_t`` the current sketch's preconditioner).
+        are below ``tol`` (``g`` the gradient, ``M_t`` the current sketch's preconditioner) and the
+        relative backward error estimate is at most ``backward_tol``.
     max_iter : int
     log : SolverLog
+    backward_tol : float, optional
+        Default (and at least) :func:`stable_level`, ``10 sqrt(p) eps``: the measures alone, relative
+        to ``||y||`` and ``||coef||``, stopped runs at backward errors of ``1e-13`` (plain Gaussian
+        ``X`` and columns scaled ``1e+-150`` alike), while a run that stalls has had to reach this
+        level to count as converged.
 
     Returns
     -------
-    coef, iterations, converged, residual_norms, rank
+    coef, iterations, converged, residual_norms, rank, shortfall
+        ``shortfall`` is None for a converged run, else ``(value, target, what)`` for its warning;
+        an unconverged run returns, per column, its iterate of smallest residual norm where the
+        last one's is clearly larger (:data:`CLEARLY_WORSE`).
     """
     design = design_for(X)
     n, p = X.shape
     k = Y.shape[1]
+    level = stable_level(p) if backward_tol is None else max(backward_tol, stable_level(p))
     ynorm = column_norms(Y)
     scale = np.where(ynorm > 0, ynorm, 1.0)
     coef = np.zeros((p, k))
     log.finish = "ihs"
     best, since_best = np.inf, 0
+    kept = _Best(p, k)
     rank0 = None
     t = 0
     while True:
@@ -136,11 +190,16 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
             rank0 = rank
         s = M.T @ g
         gnorm, snorm = _measures(M, s, coef, scale)
+        measures = np.maximum(gnorm, snorm)
+        kept.update(coef, g, rn2, measures)
         worst = float(np.maximum(gnorm, snorm).max()) if k else 0.0
         log.gradient_norms.append(worst)
         if worst <= tol:
+            # The measures met: converged once the backward error is at the level too (an O(p^2)
+            # estimate from this sketch's SVD); otherwise go on, for the stall rule below to judge.
             log.backward_error = _relative_backward_error(factor, g, rn2, coef)
-            return coef, t, True, np.sqrt(rn2), rank0
+            if np.all(np.asarray(log.backward_error) <= level):
+                return coef, t, True, np.sqrt(rn2), rank0, None
         # Progress is judged on the gradient measure alone: it contracts by about sqrt(p/r) per
         # iteration, while the step measure wanders until the large directions have converged.
         gmax = float(gnorm.max()) if k else 0.0
@@ -154,13 +213,22 @@ def ihs(X, Y, S0, *, tol, max_iter, log):
             # A stall counts as converged only where the answer is backward stable: the step floor
             # grows as kappa^2 ||r||, and at kappa 1e10 nearly any iterate passed it (a backward
             # error of 1.2e-11 reported converged, where "precondition" reaches 8.8e-16).
-            stable = np.all(np.asarray(log.backward_error) <= BACKWARD_STABLE * np.sqrt(p) * _EPS)
+            stable = np.all(np.asarray(log.backward_error) <= level)
             at_floor = (
                 since_best >= _PATIENCE
                 and bool(stable)
                 and bool(((gnorm <= np.maximum(gfloor, tol)) & (snorm <= np.maximum(sfloor, tol))).all())
             )
-            return coef, t, at_floor, np.sqrt(rn2), rank0
+            if at_floor:
+                return coef, t, True, np.sqrt(rn2), rank0, None
+            coef, g, rn2, measures = kept.or_last(coef, g, rn2, measures)
+            log.backward_error = _relative_backward_error(factor, g, rn2, coef)
+            measure = float(measures.max()) if k else 0.0
+            if measure <= tol:  # the measures were met; the backward error was not
+                shortfall = (float(np.max(log.backward_error)), level, "backward error estimate")
+            else:
+                shortfall = (measure, tol, "error measure")
+            return coef, t, False, np.sqrt(rn2), rank0, shortfall
         coef = coef + M @ s
         log.iterate += time.perf_counter() - t3
         t += 1

@@ -9,7 +9,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from rsketch._backend import like
+from rsketch._backend import is_non_numpy_array, like, to_host
 from rsketch._validation import (
     LSTSQ_INNER_SOLVERS,
     LSTSQ_METHODS,
@@ -18,6 +18,7 @@ from rsketch._validation import (
     check_option,
     check_seed,
 )
+from rsketch.dask._sketch import is_dask_array
 from rsketch.linalg._common import (
     SKETCH_KINDS,
     column_norms,
@@ -100,8 +101,9 @@ def lstsq(
     tol : float in (0, 1), optional
         ``"precondition"``: the target backward error, relative to ``||X||_F`` (the Karlson-Walden
         estimate from the sketch, per column); default ``10 u = 1.1e-15``, the stable level.
-        ``"ihs"``: stop when ``||M.T X.T (y - X coef)|| <= tol ||y||`` per column (default ``1e-12``).
-        Ignored by sketch-and-solve.
+        ``"ihs"``: stop when ``||M.T X.T (y - X coef)|| <= tol ||y||`` per column (default ``1e-12``),
+        and the backward-error estimate is at most ``10 sqrt(p) eps`` (or ``tol``, where a larger
+        ``tol`` is given). Ignored by sketch-and-solve.
     max_iter : int, optional
         Most iterations (passes over ``X``). Default: three times the count the sketch size predicts
         for a ``1e-16`` reduction, plus 10 (precondition, 70 at ``r = 40 p``); 100 for IHS.
@@ -120,9 +122,11 @@ def lstsq(
     LstsqResult
         ``coef``, ``residual_norm``, ``iterations``, ``converged``, ``method``, ``sketch``, ``rank``,
         ``sketch_size`` and ``log`` (timings of sketch, factorisation, presolve, iterations; for
-        ``"precondition"`` the backward-error estimate, ``log.backward_error``, and the inner
-        solver used, ``log.inner``). ``converged`` is True
-        for ``"precondition"`` only when that estimate is at most ``tol``.
+        ``"precondition"`` and ``"ihs"`` the backward-error estimate, ``log.backward_error``, and
+        the inner solver used, ``log.inner``). ``converged`` is True for ``"precondition"`` only
+        when that estimate is at most ``tol``, for ``"ihs"`` only when it is at most ``10 sqrt(p) eps``
+        (or a larger ``tol`` given); an unconverged IHS run returns its last iterate, or an earlier
+        one of clearly smaller residual norm where it diverged.
 
     Raises
     ------
@@ -174,24 +178,41 @@ def lstsq(
     check_option(inner_solver, "inner_solver", LSTSQ_INNER_SOLVERS)
     X, Y, is_vector = validate_problem(X, y)
     n, p = X.shape
-    tol = _check_tol(tol, method)
+    tol_given, tol = tol, _check_tol(tol, method)
     if max_iter is not None:
         max_iter = check_int(max_iter, "max_iter", minimum=1)
     check_seed(seed)  # checked here too: a direct solve draws no sketch
-    direct = _solves_directly(sketch, sketch_size, method, n, p, X)
+    direct = _solves_directly(sketch, sketch_size, method, n, p)
     S, r = (None, n) if direct else resolve_sketch(sketch, n, p, sketch_size, method, seed, X)
-    Y, y_shift = scale_columns(Y)
     log = SolverLog()
+    if direct and is_dask_array(X):
+        # No sketch is smaller than X, and S X would come to the client whole (r = n rows): X itself
+        # does, in one pass over its chunks, and is solved as in memory (a square sketch gave
+        # coef 0 with converged=True for a 2 x 1 column of ones).
+        X, log.passes = np.asarray(X.compute()), 1
+    elif direct and is_non_numpy_array(X):
+        # The same for a device X (CuPy): its n x p copy on the host is the size of S X, and the
+        # answer goes back to the device.
+        X, Y = to_host(X), np.ascontiguousarray(to_host(Y))
+    Y, y_shift = scale_columns(Y)
     if direct:
         X, x_shift = scale_design(X)
         coef, rank, rnorm, iterations, converged = _direct_solve(X, Y, log)
     elif method == "ihs":
         X, x_shift = scale_design(X)
-        coef, iterations, converged, rnorm, rank = ihs(
-            X, Y, S, tol=tol, max_iter=100 if max_iter is None else max_iter, log=log
+        # A tol given sets the backward error asked for too (at least the stable level ihs uses).
+        coef, iterations, converged, rnorm, rank, shortfall = ihs(
+            X,
+            Y,
+            S,
+            tol=tol,
+            max_iter=100 if max_iter is None else max_iter,
+            log=log,
+            backward_tol=None if tol_given is None else tol,
         )
         if not converged:
-            warn_not_converged(method, iterations, log.gradient_norms[-1], tol)
+            value, target, what = shortfall
+            warn_not_converged(method, iterations, value, target, what=what)
     else:
         t0 = time.perf_counter()
         design = design_for(X)
@@ -250,15 +271,14 @@ def lstsq(
     )
 
 
-def _solves_directly(sketch, sketch_size, method, n, p, X) -> bool:
+def _solves_directly(sketch, sketch_size, method, n, p) -> bool:
     """Whether no sketch can be smaller than ``X``: the default ``sketch_size`` (a kind named, no
-    size given) has at least ``n`` rows, for an ``X`` in memory (NumPy, dense or sparse). Such a
-    sketch only mixes the rows (and a square sparse sign of ``+-1`` entries can be singular on
-    ``range(X)``: a 2 x 1 column of ones came out rank 0, with ``coef = 0``), so ``X`` is solved
+    size given) has at least ``n`` rows, for any ``X``: in memory (NumPy, dense or sparse), Dask or
+    on a device (these two brought to the host, as ``S X`` of ``n`` rows would be anyway).
+    Such a sketch only mixes the rows (and a square sparse sign of ``+-1`` entries can be singular
+    on ``range(X)``: a 2 x 1 column of ones came out rank 0, with ``coef = 0``), so ``X`` is solved
     by LAPACK instead."""
     if not isinstance(sketch, str) or sketch_size is not None or sketch not in SKETCH_KINDS:
-        return False
-    if not (isinstance(X, np.ndarray) or sp.issparse(X)):
         return False
     return default_sketch_size(method, n, p) >= n
 

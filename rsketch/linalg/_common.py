@@ -201,6 +201,8 @@ def column_norms(A) -> np.ndarray:
     [5.0, 2.0]
     >>> column_norms(np.array([[3e-200], [4e-200]])).tolist()  # squares of 1e-400 are 0
     [5e-200]
+    >>> column_norms(np.zeros((0, 2))).tolist()
+    [0.0, 0.0]
     """
     if is_non_numpy_array(A):
         xp = array_namespace(A)
@@ -210,7 +212,7 @@ def column_norms(A) -> np.ndarray:
         A = to_host(A)  # the rare overflow or underflow (or a zero column): on the host
     norms = np.sqrt(np.einsum("ij,ij->j", A, A))
     redo = _suspect(norms)
-    if not redo.any() or not np.isfinite(A).all():
+    if not redo.any() or A.shape[0] == 0 or not np.isfinite(A).all():  # no rows: every norm is 0
         return norms
     # finite entries whose squares overflow (from about 1e154) or underflow (below about 1e-154: a
     # 300 x 40 matrix of 2**-600 gave norms 0): those columns by their largest entry (0: a zero column)

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import numbers
 import os
 import platform
 import time
@@ -146,17 +147,43 @@ class CostModel:
     per_sequence: float = 0.0
 
     def __post_init__(self):
+        for name in ("tokens", "seconds"):  # numbers: a float() of "0.01" would pass silently
+            kind = np.asarray(getattr(self, name)).dtype.kind
+            if kind not in "iuf":
+                raise TypeError(f"{name} must be a sequence of numbers, got {getattr(self, name)!r}")
         t = np.asarray(self.tokens, dtype=float)
         s = np.asarray(self.seconds, dtype=float)
-        if t.ndim != 1 or t.size < 2 or t.size != s.size or (np.diff(t) <= 0).any() or t[0] < 1:
+        if (
+            t.ndim != 1 or t.size < 2 or t.size != s.size or not np.isfinite(t).all()
+            or (np.diff(t) <= 0).any() or t[0] < 1
+        ):  # fmt: skip
             raise ValueError("tokens must be >= 2 increasing counts from 1 up, with one seconds value each")
         if not np.isfinite(s).all() or (s <= 0).any():
             raise ValueError("seconds must be positive")
+        # a NaN or infinite cost per sequence made every later prediction NaN (a draft budget then
+        # failed mid-generation), a negative one made more sequences cheaper
+        ps = self.per_sequence
+        if isinstance(ps, (bool, np.bool_)) or not isinstance(ps, numbers.Real):
+            raise TypeError(f"per_sequence must be a number of seconds, got {type(ps).__name__} {ps!r}")
+        if not (math.isfinite(ps) and ps >= 0):
+            raise ValueError(f"per_sequence must be finite and >= 0 seconds, got {ps}")
         object.__setattr__(self, "tokens", tuple(float(x) for x in t))
         object.__setattr__(self, "seconds", tuple(float(x) for x in np.maximum.accumulate(s)))
+        object.__setattr__(self, "per_sequence", float(ps))
 
     def cost(self, n_tokens, n_seqs=1):
-        """Predicted seconds of a forward of ``n_tokens`` packed tokens in ``n_seqs`` sequences."""
+        """Predicted seconds of a forward of ``n_tokens`` packed tokens in ``n_seqs`` sequences.
+
+        Both are numbers or arrays of numbers, finite and >= 0 (``ValueError`` otherwise: the
+        curve is clamped below its first point, so ``-1`` tokens would cost as much as one).
+        """
+        for name, a in (("n_tokens", n_tokens), ("n_seqs", n_seqs)):  # O(size), as the prediction
+            a = np.asarray(a)
+            if a.dtype.kind not in "iuf":
+                raise TypeError(f"{name} must be a number or an array of numbers, got {a.dtype}")
+            ok = (a >= 0) & (a < np.inf)  # False for NaN too
+            if not ok.all():
+                raise ValueError(f"{name} must be finite and >= 0, got {a[~ok].flat[0]}")
         t = np.asarray(self.tokens)
         s = np.asarray(self.seconds)
         n = np.asarray(n_tokens, dtype=float)
@@ -248,9 +275,10 @@ class CostModel:
         if not refresh and path.is_file():
             try:
                 d = json.loads(path.read_text())
-                return cls(tuple(d["tokens"]), tuple(d["seconds"]), float(d["per_sequence"]))
-            except (ValueError, KeyError, TypeError):
-                pass  # a damaged cache file is measured again
+                # the constructor refuses a NaN, infinite or negative value (json reads NaN)
+                return cls(tuple(d["tokens"]), tuple(d["seconds"]), d["per_sequence"])
+            except (ValueError, KeyError, TypeError, OSError):
+                pass  # a damaged (or unreadable) cache file is measured again
         if str(path) not in _announced:
             _announced.add(str(path))
             _log.warning(
@@ -432,6 +460,16 @@ class DraftBudget:
         margin: float = 0.05,
         ask_share: float = 0.005,
     ):
+        # checked here, not at the first step that uses them (a string failed mid-generation)
+        if not isinstance(target_cost, CostModel):
+            raise TypeError(f"target_cost must be a CostModel, got {type(target_cost).__name__}")
+        if draft_cost is not None and not isinstance(draft_cost, CostModel):
+            raise TypeError(f"draft_cost must be a CostModel or None, got {type(draft_cost).__name__}")
+        if remeasure is not None and not callable(remeasure):
+            raise TypeError(f"remeasure must be callable or None, got {type(remeasure).__name__}")
+        for name, v in (("prior", prior), ("margin", margin), ("ask_share", ask_share)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r}")
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
         if objective not in ("makespan", "rate"):
@@ -592,6 +630,8 @@ class DraftBudget:
         if self.remeasure is not None and not self.remeasured:
             self.remeasured += 1
             fresh = self.remeasure()
+            if fresh is not None and not isinstance(fresh, CostModel):  # None: nothing measured
+                raise TypeError(f"remeasure() must return a CostModel or None, got {type(fresh).__name__}")
         if fresh is not None and fresh != self.target_cost:
             self.target_cost = fresh
         else:  # no re-measurement, or it gave the curve in use: the live ratio rescales it

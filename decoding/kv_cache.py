@@ -29,6 +29,16 @@ from .memory import check_fits
 __all__ = ["KVCache"]
 
 
+def _check_int(v, name: str, low: int | None = 0) -> int:
+    """``v`` as an int: ``TypeError`` unless an integer (``int(2.7)`` would silently give 2, and a
+    bool is no count), ``ValueError`` below ``low``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+    if low is not None and v < low:
+        raise ValueError(f"{name} must be {'positive' if low == 1 else f'>= {low}'}, got {v}")
+    return int(v)
+
+
 class KVCache:
     """Preallocated per-sequence key/value regions.
 
@@ -59,15 +69,12 @@ class KVCache:
     def __init__(
         self, n_layers, n_kv_heads, head_dim, *, max_seqs, capacity, dtype=np.float32, xp=np, device=None
     ):
-        for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-            if int(v) <= 0:
-                raise ValueError(f"{name} must be positive, got {v}")
-        if int(max_seqs) <= 0:
-            raise ValueError(f"max_seqs must be positive, got {max_seqs}")
-        if int(capacity) <= 0:
-            raise ValueError(f"capacity must be positive, got {capacity}")
-        self.n_layers, self.n_kv_heads, self.head_dim = int(n_layers), int(n_kv_heads), int(head_dim)
-        self.max_seqs, self.capacity = int(max_seqs), int(capacity)
+        self.n_layers, self.n_kv_heads, self.head_dim = (
+            _check_int(v, name, 1)
+            for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim))
+        )
+        self.max_seqs = _check_int(max_seqs, "max_seqs", 1)
+        self.capacity = _check_int(capacity, "capacity", 1)
         if np.dtype(dtype) not in (np.float16, np.float32, np.float64):
             raise ValueError(f"dtype must be float16, float32 or float64, got {np.dtype(dtype).name}")
         if np.dtype(dtype) == np.float16 and xp is not np:
@@ -143,19 +150,20 @@ class KVCache:
 
     def release(self, seq: int) -> None:
         """Mark sequence ``seq`` finished; its region is reused by a later :meth:`allocate`."""
-        self._check_seq(seq)
+        seq = self._check_seq(seq)
         self.in_use[seq] = False
         self.lengths[seq] = 0
 
     def reset(self, seq: int) -> None:
         """Empty sequence ``seq`` (length 0), keeping it allocated."""
-        self._check_seq(seq)
+        seq = self._check_seq(seq)
         self.lengths[seq] = 0
 
     def truncate(self, seq: int, new_len: int) -> None:
         """Keep only the first ``new_len`` cached tokens of ``seq`` (roll back rejected drafts)."""
-        self._check_seq(seq)
-        if not 0 <= new_len <= self.lengths[seq]:
+        seq = self._check_seq(seq)
+        new_len = _check_int(new_len, "new_len")
+        if not new_len <= self.lengths[seq]:
             n = int(self.lengths[seq])
             raise ValueError(f"new_len must be in [0, {n}] for sequence {seq}, got {new_len}")
         self.lengths[seq] = new_len
@@ -166,6 +174,10 @@ class KVCache:
 
         Checks capacity; does not change lengths (:meth:`advance` does, after every layer is written).
         """
+        for name, a in (("seq_ids", seq_ids), ("counts", counts)):
+            a = np.asarray(a)
+            if a.size and a.dtype.kind not in "iu":  # a float id or count would be truncated
+                raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
         counts = np.asarray(counts, dtype=np.int64)
         if seq_ids.size and (seq_ids.min() < 0 or seq_ids.max() >= self.max_seqs):
@@ -208,7 +220,7 @@ class KVCache:
 
     def append(self, seq: int, k: np.ndarray, v: np.ndarray) -> None:
         """Append ``k``, ``v`` of shape ``[n_layers, n, n_kv_heads, head_dim]`` to sequence ``seq``."""
-        self._check_seq(seq)
+        seq = self._check_seq(seq)
         kshape, vshape = tuple(k.shape), tuple(v.shape)
         expect = (self.n_layers, kshape[1] if len(kshape) == 4 else -1, self.n_kv_heads, self.head_dim)
         if kshape != expect or vshape != expect:
@@ -222,10 +234,22 @@ class KVCache:
 
     def keys(self, layer: int, seq: int, length: int | None = None):
         """Views ``(k, v)`` ``[Hkv, length, D]`` of ``seq``'s first ``length`` slots (default: all cached)."""
-        n = int(self.lengths[seq]) if length is None else int(length)
+        seq = self._check_seq(seq)  # a negative id would index the last regions
+        layer = _check_int(layer, "layer")
+        if layer >= self.n_layers:
+            raise ValueError(f"layer must be in [0, {self.n_layers}), got {layer}")
+        if length is None:
+            n = int(self.lengths[seq])
+        else:  # past the region, the slice would run into the next sequence's slots
+            n = _check_int(length, "length")
+            if n > self.capacity:
+                raise ValueError(f"length must be in [0, {self.capacity}], got {n}")
         a = int(self.starts[seq])
         return self.k[layer, :, a : a + n], self.v[layer, :, a : a + n]
 
-    def _check_seq(self, seq) -> None:
-        if not 0 <= int(seq) < self.max_seqs:
+    def _check_seq(self, seq) -> int:
+        """``seq`` as an int: an integer in ``[0, max_seqs)`` (``int(0.9)`` would silently be 0)."""
+        seq = _check_int(seq, "sequence id", None)
+        if not 0 <= seq < self.max_seqs:
             raise ValueError(f"sequence id must be in [0, {self.max_seqs}), got {seq}")
+        return seq

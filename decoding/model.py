@@ -104,6 +104,14 @@ class PackedBatch:
     @classmethod
     def from_lists(cls, token_lists, *, seq_ids, start_positions=None) -> PackedBatch:
         """Pack one token list per sequence; positions run on from ``start_positions`` (None: the cache's)."""
+        for name, lists in (("token_lists", token_lists), ("start_positions", start_positions)):
+            for b, t in enumerate(lists if lists is not None else ()):  # int64 would cut 1.5 to 1
+                dtype = np.asarray(t).dtype
+                if np.size(t) and (dtype.kind not in "iu" or isinstance(t, (bool, np.bool_))):
+                    raise TypeError(f"{name}[{b}] must hold integers, got {type(t).__name__} of {dtype}")
+        dtype = np.asarray(seq_ids).dtype
+        if np.size(seq_ids) and dtype.kind not in "iu":
+            raise TypeError(f"seq_ids must be integers, got dtype {dtype}")
         counts = np.array([len(t) for t in token_lists], dtype=np.int64)
         cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])
@@ -329,6 +337,9 @@ class Model:
 
         A self-speculative drafter; it needs its own cache (``new_cache``) with ``n_layers`` layers.
         """
+        if isinstance(n_layers, (bool, np.bool_)) or not isinstance(n_layers, (int, np.integer)):
+            # True would give one layer, 2.7 two
+            raise TypeError(f"n_layers must be an integer, got {type(n_layers).__name__} {n_layers!r}")
         if not 1 <= n_layers <= self.n_layers:
             raise ValueError(f"n_layers must be in [1, {self.n_layers}], got {n_layers}")
         part = Model(
@@ -495,6 +506,11 @@ class Model:
             )
         if seq_ids is None or cu_seqlens is None:
             raise TypeError("forward needs seq_ids and cu_seqlens (or a PackedBatch)")
+        named = {"tokens": tokens, "seq_ids": seq_ids, "cu_seqlens": cu_seqlens, "positions": positions}
+        for name, a in named.items():  # an int64 cast would silently make token 1.7 token 1
+            dtype = None if a is None else np.asarray(a).dtype
+            if dtype is not None and dtype.kind not in "iu" and np.size(a):
+                raise TypeError(f"{name} must be integers, got dtype {dtype}")
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         seq_ids = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
         cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
@@ -505,6 +521,12 @@ class Model:
             )
         if T and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
             raise ValueError(f"token ids must be in [0, {cfg.vocab_size})")
+        if B and (seq_ids.min() < 0 or seq_ids.max() >= cache.max_seqs):
+            raise ValueError(f"seq_ids must be in [0, {cache.max_seqs}), got {seq_ids.tolist()}")
+        if not cache.in_use[seq_ids].all():  # O(B): a region never allocated (or released) is no one's
+            raise ValueError(
+                f"seq_ids must be sequences allocated in the cache (cache.allocate()), got {seq_ids.tolist()}"
+            )
         if logits not in ("all", "last", None):
             raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
         if cache.n_layers < self.n_layers:

@@ -438,8 +438,8 @@ class Tokenizer:
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.add_bos = add_bos
-        if chat_template:  # a broken template fails here, at load, not at the first chat prompt
-            _compile_chat_template(chat_template)
+        # a template that is not valid jinja2 fails at the first chat prompt, not at load: the model
+        # still serves plain prompts (as llama.cpp loads it)
         self.chat_template = chat_template
         self._id_to_token = id_to_token
         self.vocab_size = len(id_to_token)

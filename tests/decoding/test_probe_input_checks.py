@@ -251,10 +251,13 @@ def test_draft_model_drafter_checks_its_arguments(model):
 
 
 # -- 5. chat templates -----------------------------------------------------------------------------
-def test_a_broken_template_fails_at_load(tok):
+def test_a_broken_template_fails_at_the_first_chat_prompt(tok):
+    # raw jinja2 errors before; the tokenizer still loads (plain prompts need no template)
     for template in ("{% for m in messages %}", "{{ messages|no_such_filter }}", "{{ 1 + }}"):
+        broken = with_template(tok, template)
+        assert broken.decode(broken.encode("plain text")) == "plain text"
         with pytest.raises(ValueError, match=r"tokenizer\.chat_template is not a valid jinja2 template"):
-            with_template(tok, template)
+            broken.apply_chat_template([{"role": "user", "content": "Hi"}])
 
 
 @pytest.mark.parametrize(

@@ -228,14 +228,14 @@ def nystrom_pcg(
             A, n, dtype, sketch, seeds, initial_rank, max_rank, target_ratio * mu
         )
         matvecs += used
-    # CG runs on (A + mu I) / 2**e with ||A|| ~ 2**e (the approximation's largest eigenvalue, else mu)
+    # CG runs on (A + mu I) / 2**e, 2**e ~ max(||A||, mu) (||A||: the approximation's largest eigenvalue)
     # and each column of b over a power of two to a largest entry in [1/2, 1); x comes back exactly
     # scaled. Its scalars and norms then neither underflow nor overflow: b of 1e-300 came back as
     # x = 0, "converged"; b of 1e-150, or A of 1e-300, met a division by zero; b of 1e160 gave x = 0.
     top = float(approx.eigenvalues.max(initial=0.0))
-    e = math.frexp(top if 0 < top < math.inf else mu)[1]
+    e = math.frexp(max(top, mu) if top < math.inf else mu)[1]  # ||A + mu I|| ~ 2**e: nothing overflows
     A_e, mu_e = _Scaled(A, e), math.ldexp(mu, -e)
-    approx_e = NystromResult(approx.U, np.ldexp(approx.eigenvalues, -e), math.ldexp(approx.shift, -e))
+    approx_e = NystromResult(approx.U, np.ldexp(approx.eigenvalues, -e), _ldexp(approx.shift, -e))
     P_inv = nystrom_preconditioner(approx_e, mu_e)
     B = b.reshape(n, -1).astype(np.result_type(dtype, b.dtype, np.float32), copy=False)
     largest = np.abs(B).max(axis=0)
@@ -412,7 +412,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         half = scipy.linalg.solve_triangular(C_nu, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
         BtB = scipy.linalg.solve_triangular(C_nu, half.T, trans="T", check_finite=False)
         lowest = scipy.linalg.eigh(BtB, subset_by_index=[0, 0], eigvals_only=True, check_finite=False)[0]
-        if width >= max_rank or lowest - nu <= math.ldexp(threshold, -e):
+        if width >= max_rank or lowest - nu <= _ldexp(threshold, -e):  # inf: mu dominates A
             break
         width = min(2 * width, max_rank)
     sigma2, V = np.linalg.eigh(BtB)
@@ -428,7 +428,13 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
     else:
         Y_nu += nu * Omega[:, :l]
     U = Y_nu @ W  # B V Sigma^-1, a zero column where lambda is zero
-    return NystromResult(U, np.ldexp(lam, e).astype(dtype, copy=False), math.ldexp(nu, e)), l
+    return NystromResult(U, np.ldexp(lam, e).astype(dtype, copy=False), _ldexp(nu, e)), l
+
+
+def _ldexp(x: float, e: int) -> float:
+    """``x * 2**e``, ``inf`` or 0 past the float range (``math.ldexp`` raises OverflowError)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.ldexp(x, e))
 
 
 def _exponent(Y) -> int:

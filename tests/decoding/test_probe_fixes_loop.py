@@ -93,3 +93,23 @@ def test_a_drafter_that_proposes_too_few_drafts_is_named(tiny64):
     model, tok = tiny64
     with pytest.raises(ValueError, match="drafter 'short' proposed 1 drafts for 2 samples"):
         decoding.generate(model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=4, method="ems", drafter=_Short())
+
+
+def test_scalar_costs_are_the_arrays_costs():
+    # the allocation calls cost() tens of times a step with Python numbers: a path of its own
+    # (14 us a call through the arrays' checks), the same arithmetic
+    from decoding.cost_model import CostModel
+
+    cm = CostModel(
+        tokens=(1, 2, 4, 8, 9, 16, 17, 32, 64),
+        seconds=(0.006, 0.0061, 0.007, 0.010, 0.012, 0.017, 0.018, 0.029, 0.054),
+        per_sequence=1e-4,
+    )
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([rng.uniform(0, 200, 500), np.arange(0.0, 130.0), [64.0]])
+    seqs = rng.integers(0, 20, xs.size)
+    scalar = [cm.cost(float(x), int(q)) for x, q in zip(xs, seqs, strict=True)]
+    np.testing.assert_array_equal(scalar, cm.cost(xs, seqs))
+    for bad in (float("nan"), -1, float("inf")):
+        with pytest.raises(ValueError, match="n_tokens must be finite and >= 0"):
+            cm.cost(bad)

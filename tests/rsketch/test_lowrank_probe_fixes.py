@@ -105,3 +105,12 @@ def test_block_krylov_without_room_for_a_second_block_iterates_and_reports_its_p
     excess = np.linalg.norm(M - (res.U * res.s) @ res.Vt, 2) / s[60] - 1
     assert excess < 0.2
     assert rsketch.svd(M, 20, seed=0, passes=10**9 + 1).passes < 10  # the passes it made
+
+
+@pytest.mark.parametrize("kw", [{}, {"rank": 20}])
+def test_nystrom_pcg_with_mu_far_above_a(kw):
+    # the scaling by ||A|| alone overflowed mu / 2**e (math.ldexp's OverflowError at A of 1e-300, mu 1e10)
+    res = rsketch.nystrom_pcg(P * 1e-300, b, 1e10, seed=0, **kw)
+    x = np.linalg.solve(P * 1e-300 + 1e10 * np.eye(40), b)
+    assert res.converged
+    np.testing.assert_allclose(res.x, x, rtol=1e-13)

@@ -1079,7 +1079,7 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     nu = math.sqrt(n) * eps * float(np.linalg.norm(Y, 2))
     cross = Omega.T @ Y
     cross = (cross + cross.T) / 2
-    C, nu = _psd_core(cross, np.eye(width, dtype=dtype), nu, n, "nystrom")
+    C, nu = _psd_core(cross, np.eye(width, dtype=dtype), nu, n, "nystrom", e)  # an error in A's units
     Y_nu = Y + nu * Omega
     B = scipy.linalg.solve_triangular(C, Y_nu.T, trans="T", lower=False, check_finite=False).T
     U, sigma, _ = scipy.linalg.svd(B, full_matrices=False, check_finite=False)

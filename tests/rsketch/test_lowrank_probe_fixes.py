@@ -1,6 +1,7 @@
 """Low-rank and Nyström-PCG cases found by probing: scales where squares underflow or overflow,
 LinearOperators that return the wrong products or lack A.T, and block Krylov's passes."""
 
+import re
 import warnings
 
 import numpy as np
@@ -114,3 +115,19 @@ def test_nystrom_pcg_with_mu_far_above_a(kw):
     x = np.linalg.solve(P * 1e-300 + 1e10 * np.eye(40), b)
     assert res.converged
     np.testing.assert_allclose(res.x, x, rtol=1e-13)
+
+
+def test_nystrom_reports_a_negative_eigenvalue_in_as_units():
+    # the core is of A / 2**e: the message gave its eigenvalues (-0.177, largest 0.727) at any scale
+    def reported(A):
+        with pytest.raises(ValueError, match="not positive semi-definite") as info:
+            rsketch.nystrom(A, 3, oversample=0, seed=0)
+        low, high = re.search(
+            r"eigenvalue (\S+) relative to Omega.T Omega \(largest (\S+)\)", str(info.value)
+        ).groups()
+        return float(low), float(high)
+
+    A = np.diag([3.0, 2.0, -1.0, 0.5])
+    low, high = reported(A)
+    assert low < 0 and -1.0 <= low and high <= 3.0
+    assert reported(A * 2.0**40) == pytest.approx((low * 2.0**40, high * 2.0**40), rel=1e-2)

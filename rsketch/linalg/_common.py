@@ -212,14 +212,17 @@ def column_norms(A) -> np.ndarray:
         A = to_host(A)  # the rare overflow or underflow (or a zero column): on the host
     norms = np.sqrt(np.einsum("ij,ij->j", A, A))
     redo = _suspect(norms)
-    if not redo.any() or A.shape[0] == 0 or not np.isfinite(A).all():  # no rows: every norm is 0
+    if not redo.any() or A.shape[0] == 0:  # no rows: every norm is 0
         return norms
     # finite entries whose squares overflow (from about 1e154) or underflow (below about 1e-154: a
     # 300 x 40 matrix of 2**-600 gave norms 0): those columns by their largest entry (0: a zero column)
-    scale = np.abs(A[:, redo]).max(axis=0)
+    block = A[:, redo]
+    if not np.isfinite(block).all():  # NaN or inf in A itself: its norms say so as they are
+        return norms
+    scale = np.abs(block).max(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
-    scaled = A[:, redo] / scale
-    norms[redo] = scale * np.sqrt(np.einsum("ij,ij->j", scaled, scaled))
+    block /= scale
+    norms[redo] = scale * np.sqrt(np.einsum("ij,ij->j", block, block))
     return norms
 
 

@@ -321,6 +321,13 @@ def _overflow(name="A"):
     )
 
 
+def _exponent(Y) -> int:
+    """``e`` with ``Y / 2**e`` of largest entry in ``[1/2, 1)``; 0 for a zero or non-finite ``Y`` (the
+    latter is refused where its square sums are formed): the Nyström methods work on ``A / 2**e``."""
+    largest = float(np.abs(Y).max()) if Y.size else 0.0
+    return math.frexp(largest)[1] if 0 < largest < math.inf else 0
+
+
 def _orth(Y, scratch=None):
     """Orthonormal basis of ``range(Y)``, in ``Y``'s precision, written into ``Y`` (a temporary)
     unless Householder's fallback returns a new array.
@@ -1073,7 +1080,7 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
         return NystromResult(Omega, np.zeros(width, dtype), 0.0)
     # The method is homogeneous in A: Y of the scaled 2^-e A (exact), with |Y| up to one, keeps the
     # core's products in range whatever A's scale (entries near 1e308 overflowed in Omega.T Y).
-    e = int(np.frexp(np.abs(Y).max())[1])
+    e = _exponent(Y)
     Y = np.ldexp(Y, -e)
     eps = np.finfo(dtype).eps
     nu = math.sqrt(n) * eps * float(np.linalg.norm(Y, 2))

@@ -30,6 +30,7 @@ from rsketch.linalg._lowrank import (
     NystromResult,
     _check_matrix,
     _cholqr_limit,
+    _exponent,
     _overflow,
     _psd_core,
     check_symmetric,
@@ -435,13 +436,6 @@ def _ldexp(x: float, e: int) -> float:
     """``x * 2**e``, ``inf`` or 0 past the float range (``math.ldexp`` raises OverflowError)."""
     with np.errstate(over="ignore", under="ignore"):
         return float(np.ldexp(x, e))
-
-
-def _exponent(Y) -> int:
-    """``e`` with ``Y / 2**e`` of largest entry in ``[1/2, 1)``; 0 for a zero or non-finite ``Y`` (the
-    latter is refused where its square sums are formed)."""
-    largest = float(np.abs(Y).max()) if Y.size else 0.0
-    return math.frexp(largest)[1] if 0 < largest < math.inf else 0
 
 
 def _test_block(S, dtype):

@@ -279,15 +279,14 @@ def _equilibrated(X):
 
 
 def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD ``X D = U diag(s) Vt`` with ``D`` the diagonal of powers of two of :func:`_equilibrated`;
-    raises ``ValueError`` if ``X`` does not have full column rank.
+    """Thin SVD ``X = U diag(s) Vt`` of an ``X`` that :func:`_equilibrated` gave (``efficiency`` does it
+    once, for this and the draws); raises ``ValueError`` if ``X`` does not have full column rank.
 
     ``U`` is an orthonormal basis of ``range(X)``, which is all the efficiencies depend on; scaling a
-    column of ``X`` changes neither ``U``'s range nor the rank found (the rank is that of ``X D``: its
-    singular values above ``s[0] max(n, p) eps``, NumPy's ``matrix_rank`` rule). For an ``X`` of another
-    library (CuPy) ``U`` is computed and kept there; ``s`` and ``Vt`` are host arrays.
+    column of ``X`` changes neither ``U``'s range nor, equilibrated, the rank found (its singular values
+    above ``s[0] max(n, p) eps``, NumPy's ``matrix_rank`` rule). For an ``X`` of another library (CuPy)
+    ``U`` is computed and kept there; ``s`` and ``Vt`` are host arrays.
     """
-    X = _equilibrated(X)
     if is_non_numpy_array(X):  # on the device (cuSOLVER for CuPy); U stays there
         U, s, Vt = array_namespace(X).linalg.svd(X, full_matrices=False)
         s, Vt = to_host(s), to_host(Vt)

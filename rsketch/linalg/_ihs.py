@@ -192,7 +192,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
         gnorm, snorm = _measures(M, s, coef, scale)
         measures = np.maximum(gnorm, snorm)
         kept.update(coef, g, rn2, measures)
-        worst = float(np.maximum(gnorm, snorm).max()) if k else 0.0
+        worst = float(measures.max()) if k else 0.0
         log.gradient_norms.append(worst)
         if worst <= tol:
             # The measures met: converged once the backward error is at the level too (an O(p^2)

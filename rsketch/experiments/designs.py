@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from rsketch._validation import check_int, check_option
+from rsketch.operators.sampling import exact_leverage
 
 DESIGNS = {"gaussian": None, "t3": 3.0, "t1": 1.0}
 
@@ -65,11 +66,6 @@ def leverage_scores(X: np.ndarray) -> np.ndarray:
     [0.2, 0.2, 0.2, 0.2, 0.2]
     """
     X = np.asarray(X, dtype=np.float64)
-    U, s, _ = np.linalg.svd(X, full_matrices=False)
-    rank = (
-        int(np.count_nonzero(s > s[0] * max(X.shape) * np.finfo(np.float64).eps))
-        if s.size and s[0] > 0
-        else 0
-    )
-    U = U[:, :rank]
-    return np.einsum("ij,ij->i", U, U)
+    if not X.any():  # no range: every score is 0 (exact_leverage refuses it, as sampling must)
+        return np.zeros(X.shape[0])
+    return exact_leverage(X)

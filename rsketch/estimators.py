@@ -290,6 +290,14 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         else:
             self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
 
+    def _weighted_means(self, X, y, w, xp):
+        """``(x_mean, y_mean)`` on the host: the columns' means weighted by ``w`` where an intercept
+        is fitted (and some weight is positive), zeros otherwise; ``xp`` is ``X``'s namespace."""
+        wsum = float(xp.sum(w))
+        if self.fit_intercept and wsum > 0:
+            return to_host(xp.reshape(xp.asarray(X.T @ w), (-1,))) / wsum, to_host(w @ y) / wsum
+        return np.zeros(X.shape[1]), np.zeros(y.shape[1:])
+
     def _fit_kernel(self, X, y, w, alpha):
         """Ridge with more features than samples in scikit-learn's kernel form (its ``"cholesky"``
         solver there): ``coef = A.T (A A.T + alpha I)^-1 b``, ``A = W^1/2 (X - 1 x_mean.T)``,
@@ -300,12 +308,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         weights of ``1e150`` overflowed ``A A.T``); ``_kernel_solve`` solves the system."""
         n, p = X.shape
         X = X.tocsc() if sp.issparse(X) else X  # column blocks
-        wsum = float(w.sum())
-        if self.fit_intercept and wsum > 0:
-            x_mean = np.asarray(X.T @ w).ravel() / wsum
-            y_mean = (w @ y) / wsum
-        else:
-            x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
+        x_mean, y_mean = self._weighted_means(X, y, w, numpy_namespace())
         w_max = float(w.max())
         values = X.data if sp.issparse(X) else X  # the largest |entry|, with no |X| copy of X
         largest = max(float(values.max()), -float(values.min())) if values.size else 0.0
@@ -350,14 +353,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         (centring and weights inside the products, so ``X`` is never copied and a sparse ``X`` stays
         sparse). The ``n``-sized work stays in ``X``'s library (the products); the ``p``-sized CG runs
         on the host."""
-        p = X.shape[1]
         xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
-        wsum = float(xp.sum(w))
-        if self.fit_intercept and wsum > 0:
-            x_mean = to_host(xp.reshape(xp.asarray(X.T @ w), (-1,))) / wsum
-            y_mean = to_host(w @ y) / wsum
-        else:
-            x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
+        x_mean, y_mean = self._weighted_means(X, y, w, xp)
         weights = None if bool(xp.all(w == 1)) else to_host(w)
         if weights is not None:  # weights c w and penalty c alpha: the same solution; weights to <= 1
             w_max = float(weights.max())  # (weights of 1e150 overflowed, of 1e-170 gave coef 0)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rsketch._validation import check_int
+
 from ._xp import to_host
 from .kv_cache import KVCache
 from .loading import load_model
@@ -134,16 +136,6 @@ class Drafter(abc.ABC):
         """Sample ``sample`` finished (free what it holds)."""
 
 
-def _check_count(v, name: str) -> int:
-    """``v`` as an int >= 1: ``TypeError`` unless an integer (``int(2.7)`` would silently be 2, a
-    string failed later with a comparison's message), ``ValueError`` below 1."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return int(v)
-
-
 def _match_and_copy(ref: np.ndarray, key: np.ndarray, limit: int, copy_len: int, prefer_from: int):
     """Find ``key`` in ``ref[:limit]`` and return ``(start of the copy, copied tokens)`` or ``(-1, [])``.
 
@@ -184,8 +176,8 @@ class LLMADrafter(Drafter):
     name = "llma"
 
     def __init__(self, match_len: int = 2, copy_len: int = 7):
-        self.match_len = _check_count(match_len, "match_len")
-        self.copy_len = _check_count(copy_len, "copy_len")
+        self.match_len = check_int(match_len, "match_len", minimum=1)
+        self.copy_len = check_int(copy_len, "copy_len", minimum=1)
 
     def begin(
         self, prompts, references=None, sampling=None, noise=None, max_new_tokens=512, max_active=None
@@ -273,7 +265,7 @@ class DraftModelDrafter(Drafter):
     name = "draft_model"
 
     def __init__(self, model, max_draft: int = 4):
-        max_draft = _check_count(max_draft, "max_draft")  # before a model is loaded for nothing
+        max_draft = check_int(max_draft, "max_draft", minimum=1)  # before a model is loaded for nothing
         if not isinstance(model, (Model, str, os.PathLike)):
             raise TypeError(
                 f"model must be a Model, a model name or a GGUF path, got {type(model).__name__} {model!r}"
@@ -407,8 +399,7 @@ def make_drafter(drafter, target=None, *, max_draft: int = 7) -> Drafter:
     """
     if isinstance(drafter, Drafter):
         return drafter
-    if isinstance(max_draft, (bool, np.bool_)) or not isinstance(max_draft, (int, np.integer)):
-        raise TypeError(f"max_draft must be an integer, got {type(max_draft).__name__} {max_draft!r}")
+    check_int(max_draft, "max_draft")  # an int (2.7 would draft 2); below 1, drafts of 1
     if drafter == "llma":
         return LLMADrafter(copy_len=max(1, max_draft))
     if drafter == "prompt_lookup":

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rsketch._validation import check_int
+
 from ._simd import HALF_CONVERSION
 from ._xp import xp_dtype
 from .memory import check_fits
@@ -32,11 +34,10 @@ __all__ = ["KVCache"]
 def _check_int(v, name: str, low: int | None = 0) -> int:
     """``v`` as an int: ``TypeError`` unless an integer (``int(2.7)`` would silently give 2, and a
     bool is no count), ``ValueError`` below ``low``."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+    v = check_int(v, name)
     if low is not None and v < low:
         raise ValueError(f"{name} must be {'positive' if low == 1 else f'>= {low}'}, got {v}")
-    return int(v)
+    return v
 
 
 class KVCache:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rsketch._parallel import serialized_launches
+from rsketch._validation import check_int
 
 from . import kernels
 from ._simd import HALF_CONVERSION
@@ -337,9 +338,7 @@ class Model:
 
         A self-speculative drafter; it needs its own cache (``new_cache``) with ``n_layers`` layers.
         """
-        if isinstance(n_layers, (bool, np.bool_)) or not isinstance(n_layers, (int, np.integer)):
-            # True would give one layer, 2.7 two
-            raise TypeError(f"n_layers must be an integer, got {type(n_layers).__name__} {n_layers!r}")
+        check_int(n_layers, "n_layers")  # True would give one layer, 2.7 two
         if not 1 <= n_layers <= self.n_layers:
             raise ValueError(f"n_layers must be in [1, {self.n_layers}], got {n_layers}")
         part = Model(

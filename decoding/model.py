@@ -454,45 +454,10 @@ class Model:
         """The host array ``a`` where the weights live (``a`` itself for NumPy)."""
         return on_device(a, self.xp, self.device)
 
-    @serialized_launches  # its kernels one forward at a time under numba's workqueue layer only
-    def forward(
-        self,
-        tokens,
-        *,
-        cache: KVCache,
-        seq_ids=None,
-        cu_seqlens=None,
-        positions=None,
-        logits: str | None = "all",
-        key_valid=None,
-    ) -> np.ndarray | None:
-        """Run the new tokens of a packed batch, append their keys/values to ``cache``, return logits.
-
-        Parameters
-        ----------
-        tokens : int array [T] or PackedBatch
-            New tokens of all sequences, concatenated; a :class:`PackedBatch` supplies
-            ``seq_ids``, ``cu_seqlens`` and ``positions`` itself.
-        cache : KVCache
-            Sequence ``seq_ids[b]`` already caches ``cache.lengths[seq_ids[b]]`` tokens; on return it
-            also holds the new ones.
-        seq_ids : int array [B]
-            Distinct cache sequence ids.
-        cu_seqlens : int array [B + 1]
-            Offsets of each sequence's new tokens in ``tokens`` (0 first, T last; counts may be 0).
-        positions : int array [T], optional
-            RoPE positions; default each sequence's cache length plus the token's offset.
-        logits : {"all", "last", None}
-            Logits for every new token ``[T, V]``, for each sequence's last new token ``[B, V]``
-            (a sequence with no new tokens gives a row of NaN), or none (prefill of a drafter).
-        key_valid : bool array [cache.max_seqs, cache.capacity], optional
-            Cache slots (including the ones written now) that may be attended to; a padded
-            layout marks its pad slots False. Default: all.
-
-        Returns
-        -------
-        logits : array or None
-        """
+    def _checked_batch(self, tokens, seq_ids, cu_seqlens, positions, cache, logits, key_valid):
+        """:meth:`forward`'s arguments checked against the model and ``cache``, before anything is
+        written: ``(tokens, seq_ids, cu_seqlens, positions, key_valid)``, the first three int64
+        arrays (``positions`` as given, or None)."""
         cfg = self.config
         if isinstance(tokens, PackedBatch):
             if seq_ids is not None or cu_seqlens is not None or positions is not None:
@@ -536,6 +501,85 @@ class Model:
                 raise ValueError(
                     f"key_valid must have shape {(cache.max_seqs, cache.capacity)}, got {key_valid.shape}"
                 )
+        return tokens, seq_ids, cu, positions, key_valid
+
+    def _logits(self, x, cu, logits: str):
+        """The logits of :meth:`forward`: every row of the final activations ``x`` ``[T, d]``
+        (``"all"``) or each sequence's last (``"last"``; NaN for a sequence with no new token)."""
+        cfg, xp, B, T = self.config, self.xp, cu.size - 1, x.shape[0]
+        counts = np.diff(cu)
+        if logits == "last":
+            idx = np.maximum(cu[1:] - 1, 0)
+            if not T:
+                x = self._here(np.zeros((B, cfg.d_model), self.dtype))  # [B, d]
+            else:
+                x = x[idx] if xp is np else xp.take(x, self._here(idx), axis=0)  # [B, d]
+        out = _head(rms_norm(x, self.out_norm, cfg.norm_eps), self.output_weight)  # [T or B, V]
+        if logits == "last" and (counts == 0).any():
+            out[self._here(counts == 0)] = float("nan")
+        return out
+
+    def _layer_prefetcher(self):
+        """The next layer's weight prefetcher (:attr:`prefetch`), made at the first forward, or None."""
+        if not self.prefetch:
+            return None
+        if self._prefetcher is None:
+            self._prefetcher = _Prefetcher(self.layers)
+        return self._prefetcher
+
+    def _fuses_rope(self, cache: KVCache) -> bool:
+        """Whether RoPE and the cache writes run in one compiled pass: NumPy weights and a NumPy
+        cache of their dtype (or float16 beside float32)."""
+        return (
+            self.xp is np
+            and isinstance(cache.k, np.ndarray)
+            and self.dtype in (np.float32, np.float64)
+            and (cache.k.dtype == self.dtype or (cache.k.dtype == np.float16 and self.dtype == np.float32))
+        )
+
+    @serialized_launches  # its kernels one forward at a time under numba's workqueue layer only
+    def forward(
+        self,
+        tokens,
+        *,
+        cache: KVCache,
+        seq_ids=None,
+        cu_seqlens=None,
+        positions=None,
+        logits: str | None = "all",
+        key_valid=None,
+    ) -> np.ndarray | None:
+        """Run the new tokens of a packed batch, append their keys/values to ``cache``, return logits.
+
+        Parameters
+        ----------
+        tokens : int array [T] or PackedBatch
+            New tokens of all sequences, concatenated; a :class:`PackedBatch` supplies
+            ``seq_ids``, ``cu_seqlens`` and ``positions`` itself.
+        cache : KVCache
+            Sequence ``seq_ids[b]`` already caches ``cache.lengths[seq_ids[b]]`` tokens; on return it
+            also holds the new ones.
+        seq_ids : int array [B]
+            Distinct cache sequence ids.
+        cu_seqlens : int array [B + 1]
+            Offsets of each sequence's new tokens in ``tokens`` (0 first, T last; counts may be 0).
+        positions : int array [T], optional
+            RoPE positions; default each sequence's cache length plus the token's offset.
+        logits : {"all", "last", None}
+            Logits for every new token ``[T, V]``, for each sequence's last new token ``[B, V]``
+            (a sequence with no new tokens gives a row of NaN), or none (prefill of a drafter).
+        key_valid : bool array [cache.max_seqs, cache.capacity], optional
+            Cache slots (including the ones written now) that may be attended to; a padded
+            layout marks its pad slots False. Default: all.
+
+        Returns
+        -------
+        logits : array or None
+        """
+        tokens, seq_ids, cu, positions, key_valid = self._checked_batch(
+            tokens, seq_ids, cu_seqlens, positions, cache, logits, key_valid
+        )
+        cfg, T = self.config, tokens.size
         counts = np.diff(cu)  # [B]
         old = cache.lengths[seq_ids].copy()  # [B]
         slots = cache.prepare(seq_ids, counts)  # [T]
@@ -553,19 +597,8 @@ class Model:
         eps = cfg.norm_eps
 
         plan = AttentionPlan.build(cache, seq_ids, cu, old, key_valid, dtype=self.dtype)
-        pf = None
-        if self.prefetch:
-            if self._prefetcher is None:
-                self._prefetcher = _Prefetcher(self.layers)
-            pf = self._prefetcher
-        # NumPy weights and a cache of their dtype (or float16 beside float32): RoPE and the cache
-        # writes in one compiled pass
-        fused_rope = (
-            xp is np
-            and isinstance(cache.k, np.ndarray)
-            and self.dtype in (np.float32, np.float64)
-            and (cache.k.dtype == self.dtype or (cache.k.dtype == np.float16 and self.dtype == np.float32))
-        )
+        pf = self._layer_prefetcher()
+        fused_rope = self._fuses_rope(cache)
         cos2, sin2 = cos[:, 0, :], sin[:, 0, :]  # [T, D/2]
         x = self._embed(tokens)  # [T, d]
         for li, L in enumerate(self.layers):
@@ -591,15 +624,4 @@ class Model:
         if pf is not None:
             pf.current = self.n_layers
 
-        if logits is None:
-            return None
-        if logits == "last":
-            idx = np.maximum(cu[1:] - 1, 0)
-            if not T:
-                x = self._here(np.zeros((B, cfg.d_model), self.dtype))  # [B, d]
-            else:
-                x = x[idx] if xp is np else xp.take(x, self._here(idx), axis=0)  # [B, d]
-        out = _head(rms_norm(x, self.out_norm, eps), self.output_weight)  # [T or B, V]
-        if logits == "last" and (counts == 0).any():
-            out[self._here(counts == 0)] = float("nan")
-        return out
+        return None if logits is None else self._logits(x, cu, logits)

@@ -223,8 +223,12 @@ def plot_overview(rows: list[dict], design: str, path: Path, delta: float) -> No
             )
             ax.fill_between(r, lo, hi, color=c, alpha=0.15, lw=0)
             deficient = bad > 0
-            if deficient.any():
-                ax.plot(r[deficient], mean[deficient], "x", color=c, ms=8, mew=2)
+            finite = np.isfinite(mean)
+            if (deficient & finite).any():
+                ax.plot(r[deficient & finite], mean[deficient & finite], "x", color=c, ms=8, mew=2)
+            if (~finite).any():  # rank-deficient draws count as failures: an infinite mean, on the top edge
+                top = ax.get_xaxis_transform()  # x in data, y in axes coordinates
+                ax.plot(r[~finite], np.full((~finite).sum(), 0.97), "x", color=c, ms=8, mew=2, transform=top)
         rr = np.linspace(min(x["r"] for x in rows), n, 200)
         if m == "pe":
             ax.plot(rr, n / rr, ":", color="k", label="lower bound n/r (projections)")
@@ -239,7 +243,8 @@ def plot_overview(rows: list[dict], design: str, path: Path, delta: float) -> No
         ax.set_title(f"{m.upper()} ({design} design, n={n}, p={p})")
     axes[1].legend(fontsize=8, loc="upper right")
     fig.suptitle(
-        "Sketch-and-solve efficiency: mean over sketches, 95% BCa band; x = some draws rank-deficient"
+        "Sketch-and-solve efficiency: mean over sketches, 95% BCa band; x = some draws rank-deficient "
+        "(on the top edge: the mean is infinite)"
     )
     fig.savefig(path, dpi=110)
     plt.close(fig)

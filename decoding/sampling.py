@@ -10,6 +10,7 @@ where it is that token, so sampled speculative decoding gives autoregressive sam
 from __future__ import annotations
 
 import numbers
+from decimal import Decimal
 
 import numpy as np
 
@@ -120,22 +121,41 @@ def validate_sampling(temperature, top_k, top_p):
     """
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
-    temperature = float(temperature)
+    need = "a finite number >= 0 (0 means greedy)"
+    temperature = _as_float(temperature, "temperature", need)
     if not (np.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}")
+        raise ValueError(f"temperature must be {need}, got {temperature}")
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
             raise TypeError(f"top_k must be an integer or None, got {type(top_k).__name__}")
         if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+            raise ValueError(f"top_k must be >= 1, got {_shown(top_k)}")
         top_k = int(top_k)
     if top_p is not None:
         if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
             raise TypeError(f"top_p must be a real number or None, got {type(top_p).__name__}")
-        if not 0.0 < float(top_p) <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if not 0.0 < _as_float(top_p, "top_p", "in (0, 1]") <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {_shown(top_p)}")
         top_p = float(top_p)
     return temperature, top_k, top_p
+
+
+def _as_float(value, name: str, need: str) -> float:
+    """``float(value)``; a real number beyond the float range (a Python int or a Fraction can be)
+    is out of range like any other: ``ValueError`` saying what ``name`` must be, not ``float()``'s
+    bare ``OverflowError``."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be {need}, got {_shown(value)}") from None
+
+
+def _shown(value) -> str:
+    """``value`` for an error message; a number of more than 20 digits in scientific notation
+    (Python refuses to print an int of more than 4,300 digits, and hundreds of digits say no more)."""
+    if isinstance(value, numbers.Rational) and abs(value) >= 10**20:
+        return format(Decimal(value.numerator) / Decimal(value.denominator), ".3e")
+    return str(value)
 
 
 def greedy(logits: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -29,6 +30,36 @@ from decoding.scheduling import StreamState
 def test_bad_sampling_parameters(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"temperature": 2**2000},
+            r"^temperature must be a finite number >= 0 \(0 means greedy\), got 1.148e\+602$",
+        ),
+        ({"temperature": -(2**2000)}, r"^temperature must be a finite number >= 0 .*, got -1.148e\+602$"),
+        (
+            {"temperature": Fraction(10**400, 3)},
+            r"^temperature must be a finite number >= 0 .*, got 3.333e\+399$",
+        ),
+        ({"top_p": 2**2000}, r"^top_p must be in \(0, 1\], got 1.148e\+602$"),
+        ({"top_p": -(2**2000)}, r"^top_p must be in \(0, 1\], got -1.148e\+602$"),
+        ({"top_k": -(10**5000)}, r"^top_k must be >= 1, got -1.000e\+5000$"),
+    ],
+)
+def test_sampling_parameters_beyond_the_float_range(kwargs, match):
+    # float() of a huge int raised a bare OverflowError before the range check, and printing an int
+    # of more than 4,300 digits Python's own ValueError, which names no argument
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_a_huge_top_k_keeps_every_token():
+    logits = np.log(np.array([[0.1, 0.4, 0.2, 0.3]]))
+    sp = SamplingParams(temperature=1.0, top_k=2**2000)
+    np.testing.assert_allclose(filtered_probs(logits, 1.0, sp.top_k, sp.top_p), filtered_probs(logits, 1.0))
 
 
 def test_filtered_probs_top_k_and_top_p():

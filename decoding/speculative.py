@@ -477,11 +477,50 @@ _NO_DRAFT = np.zeros(0, dtype=np.int64)
 _NO_DRAFT.flags.writeable = False  # shared by every sample of a skipped step
 
 
-def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded, horizon, stats) -> _Drafts:
+def _checked_drafts(drafter: Drafter, tokens, active, vocab_size: int) -> list[np.ndarray]:
+    """Each sample's draft as an int64 array: ``TypeError`` unless a 1-D integer array (an empty one
+    of any dtype), ``ValueError`` for an id outside ``[0, vocab_size)``, naming the drafter and the
+    sample. A custom drafter's slip met the model's check, which names neither, NumPy's errors, or
+    a silent ``int()`` (a draft ``[1.7]`` was token 1). The ids of all samples are checked at once
+    (a check per draft cost 3 us a sample and step)."""
+    drafts = []
+    for i, d in zip(active, tokens, strict=True):
+        try:
+            a = np.asarray(d)
+        except (TypeError, ValueError) as exc:  # a ragged nesting
+            why = f"a draft NumPy cannot read as an array ({type(d).__name__}: {exc})"
+        else:
+            why = None
+            if a.ndim != 1:
+                why = f"a draft of shape {a.shape} ({type(d).__name__})"
+            elif a.size and a.dtype.kind not in "iu":  # np.asarray([]) is float64: an empty draft is fine
+                why = f"a draft of dtype {a.dtype}"
+        if why is not None:
+            raise TypeError(
+                f"drafter {drafter.name!r} proposed {why} for sample {i} (Drafter.propose returns a "
+                "1-D array of integer token ids, possibly empty, per sample)"
+            )
+        drafts.append(a.astype(np.int64, copy=False) if a.size else _NO_DRAFT)
+    ids = np.concatenate(drafts) if drafts else _NO_DRAFT
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):  # find the first bad id (an error path)
+        for i, d, a in zip(active, tokens, drafts, strict=True):
+            bad = np.flatnonzero((a < 0) | (a >= vocab_size))
+            if bad.size:
+                raise ValueError(
+                    f"drafter {drafter.name!r} proposed token id {np.asarray(d)[bad[0]]} at index "
+                    f"{bad[0]} for sample {i}, outside the vocabulary [0, {vocab_size})"
+                )
+    return drafts
+
+
+def _draft(
+    drafter: Drafter, budget, context, active, left, *, max_draft, padded, horizon, stats, vocab_size: int
+) -> _Drafts:
     """Ask the drafter for each active sample's drafts and cut them to the room and the budget.
 
     ``context(i)`` gives sample ``i``'s tokens so far, asked for only when the drafter is (the
-    loop does not call this function on a step the budget's back-off skips)."""
+    loop does not call this function on a step the budget's back-off skips); the drafts must hold
+    token ids in ``[0, vocab_size)`` (:func:`_checked_drafts`)."""
     t_ask = time.perf_counter()
     room = np.minimum(max_draft, left - 1)
     alphas, cut = None, False
@@ -505,7 +544,9 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
             f"drafter {drafter.name!r} proposed {len(proposal.tokens)} drafts for {len(active)} samples "
             "(Drafter.propose returns one, possibly empty, per sample)"
         )
-    proposed = [np.asarray(d, dtype=np.int64)[: room[j]] for j, d in enumerate(proposal.tokens)]
+    proposed = [
+        d[: room[j]] for j, d in enumerate(_checked_drafts(drafter, proposal.tokens, active, vocab_size))
+    ]
     drafts = _Drafts(proposed, proposed)
     stats.asked[active] += room > 0
     stats.offered[active] += drafts.lengths > 0
@@ -525,7 +566,7 @@ def _draft(drafter: Drafter, budget, context, active, left, *, max_draft, padded
 
 
 def _step_drafts(
-    drafter, budget, context, active, outs, max_new_tokens, *, max_draft, padded, waiting, stats
+    drafter, budget, context, active, outs, max_new_tokens, *, max_draft, padded, waiting, stats, vocab_size
 ):
     """This step's drafts: none, the drafter not asked, on a step the budget's back-off skips;
     else :func:`_draft`, the budget minimising the time to finish the batch, or, while prompts
@@ -535,7 +576,7 @@ def _step_drafts(
     left = np.array([max_new_tokens - len(outs.tokens[i]) for i in active], dtype=np.int64)
     return _draft(
         drafter, budget, context, active, left, max_draft=max_draft, padded=padded,
-        horizon=None if waiting else left, stats=stats,
+        horizon=None if waiting else left, stats=stats, vocab_size=vocab_size,
     )  # fmt: skip
 
 
@@ -840,7 +881,7 @@ def speculative_generate(
             threads.update()
             drafts = _step_drafts(
                 drafter, budget, context, active, outs, max_new_tokens, max_draft=k, padded=vanilla,
-                waiting=bool(queue), stats=stats,
+                waiting=bool(queue), stats=stats, vocab_size=model.config.vocab_size,
             )  # fmt: skip
             last = [outs.tokens[i][-1] for i in active]
             done = [len(outs.tokens[i]) for i in active]  # each sample's next position

@@ -1,5 +1,6 @@
 """Found by probing the engine: non-finite logits decoded as token 0, a tokenizer whose vocabulary
-is not the model's, the CLI's --batch copies made before any memory check, a drafter's missing drafts."""
+is not the model's, the CLI's --batch copies made before any memory check, a drafter's missing or
+malformed drafts."""
 
 from __future__ import annotations
 
@@ -93,6 +94,80 @@ def test_a_drafter_that_proposes_too_few_drafts_is_named(tiny64):
     model, tok = tiny64
     with pytest.raises(ValueError, match="drafter 'short' proposed 1 drafts for 2 samples"):
         decoding.generate(model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=4, method="ems", drafter=_Short())
+
+
+class _Fixed(Drafter):
+    """Proposes ``draft`` for sample 1 and an empty list (float64 to NumPy) for every other."""
+
+    name = "fixed"
+
+    def __init__(self, draft):
+        self.draft = draft
+
+    def propose(self, contexts, max_tokens, samples):
+        return Proposal([self.draft if s == 1 else [] for s in samples])
+
+
+@pytest.mark.parametrize("layout", ["ems", "vanilla"])
+@pytest.mark.parametrize(
+    ("draft", "exc", "match"),
+    [
+        (
+            [264],
+            ValueError,
+            r"^drafter 'fixed' proposed token id 264 at index 0 for sample 1, "
+            r"outside the vocabulary \[0, 264\)$",
+        ),
+        (
+            np.array([3, 10**6]),
+            ValueError,
+            r"^drafter 'fixed' proposed token id 1000000 at index 1 for sample 1",
+        ),
+        ((5, -1), ValueError, r"^drafter 'fixed' proposed token id -1 at index 1 for sample 1"),
+        (
+            np.array([2**63], dtype=np.uint64),
+            ValueError,
+            r"token id 9223372036854775808 at index 0 for sample 1",
+        ),
+        (
+            np.array([[1, 2]]),
+            TypeError,
+            r"^drafter 'fixed' proposed a draft of shape \(1, 2\) \(ndarray\) for sample 1 \(",
+        ),
+        ("12", TypeError, r"^drafter 'fixed' proposed a draft of shape \(\) \(str\) for sample 1"),
+        (np.int64(5), TypeError, r"^drafter 'fixed' proposed a draft of shape \(\) \(int64\) for sample 1"),
+        (["1", "2"], TypeError, r"^drafter 'fixed' proposed a draft of dtype <U1 for sample 1"),
+        ([1.7], TypeError, r"^drafter 'fixed' proposed a draft of dtype float64 for sample 1"),
+        ([True], TypeError, r"^drafter 'fixed' proposed a draft of dtype bool for sample 1"),
+        (
+            [[1], [2, 3]],
+            TypeError,
+            r"^drafter 'fixed' proposed a draft NumPy cannot read as an array \(list: ",
+        ),
+    ],
+)
+def test_a_drafter_that_proposes_a_malformed_draft_is_named(tiny64, layout, draft, exc, match):
+    # the model's "token ids must be in [0, V)" named neither the drafter nor the sample, a 2-D or
+    # string draft gave NumPy's own errors, and [1.7] was token 1
+    model, tok = tiny64
+    assert model.config.vocab_size == 264
+    with pytest.raises(exc, match=match):
+        decoding.generate(
+            model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=4, method=layout, drafter=_Fixed(draft),
+            draft_budget=None,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("draft", [[], (), np.zeros(0), np.array([7, 9], dtype=np.uint8), [np.int32(7), 9]])
+def test_empty_and_integer_drafts_of_any_kind_are_taken(tiny64, draft):
+    model, tok = tiny64
+    ref = decoding.generate(model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=6)
+    for layout in ("ems", "vanilla"):
+        res = decoding.generate(
+            model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=6, method=layout, drafter=_Fixed(draft),
+            draft_budget=None,
+        )  # fmt: skip
+        assert res.tokens == ref.tokens
 
 
 def test_scalar_costs_are_the_arrays_costs():

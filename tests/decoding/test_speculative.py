@@ -877,6 +877,7 @@ def _one_draft_step(budget, drafter, left, *, horizon, stats):
         padded=False,
         horizon=horizon,
         stats=stats,
+        vocab_size=10,
     )
 
 

@@ -19,10 +19,15 @@ Two layouts of the same forward (Ni et al., NAACL 2025, "EMS-SD"):
   ``key_valid`` mask. Prompts are left-padded to the longest one. It gives the same tokens; pads
   are computed in every matrix product and attended over (masked).
 
-Verification: greedy (accept while the draft equals the target's argmax) or speculative sampling
-(accept draft ``x`` with probability ``min(1, p(x) / q(x))``, else draw from the normalised
-``max(0, p - q)``; after a fully accepted draft draw the bonus token from ``p``), which leaves the
-output distribution exactly the target's. Deterministic drafters have a one-hot ``q``.
+Verification (:func:`verify_greedy`, :func:`verify_sampling`): greedy accepts while the draft
+equals the target's argmax; sampling computes at each drafted position the token autoregressive
+sampling draws there (the inverse CDF of the target's filtered ``p`` at the uniform ``u(i, t)`` of
+:class:`~decoding.sampling.TokenNoise`, for sample ``i``'s ``t``-th token) and accepts while the
+draft token is that token; then the target's token follows (the correction, or the bonus token
+after a fully accepted draft). Either way the tokens are autoregressive decoding's (for the same
+seed), whatever was drafted. A deterministic drafter's token ``x`` is accepted with probability
+``p(x)``, as by speculative sampling's rejection rule with a one-hot ``q``; a draft model's where
+the two inverse CDFs agree (docs/speculative.md).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats as sstats
 
+import decoding.speculative
 from decoding import generate
 from decoding._threads import blas_threads
 from decoding.autoregressive import autoregressive_generate
@@ -425,6 +426,15 @@ def test_verify_sampling_draws_samples_token_at_the_same_uniform():
     assert sstats.chisquare(counts[0], n * np.array([0.5, 0.3, 0.2])).pvalue > 1e-3
     assert sstats.chisquare(counts[1], accepted * np.array([0.1, 0.1, 0.8])).pvalue > 1e-3
     assert abs(accepted / n - 0.5) < 4.5 * np.sqrt(0.25 / n)
+
+
+def test_the_module_docstring_states_the_sampled_rule():
+    """The module's summary of sampled verification is verify_sampling's rule (it described the
+    rejection rule, min(1, p(x)/q(x)) else a draw from max(0, p - q), after the code had left it)."""
+    doc = " ".join(decoding.speculative.__doc__.split())
+    assert "min(1, p(x) / q(x))" not in doc and "max(0, p - q)" not in doc
+    assert "inverse CDF of the target's filtered ``p`` at the uniform ``u(i, t)``" in doc
+    assert "accepts while the draft token is that token" in doc
 
 
 # -- speculative sampling: the output distribution is the target's ------------------------------

@@ -50,7 +50,11 @@ class StreamState:
     2,048 tokens. Where a tokenizer's text of a window does not begin with the text of its first
     part, the whole sequence is decoded instead; the text at the end is the whole sequence's
     decoded once (exactly what decoding it at once gives). It holds back any tail that could
-    still begin a stop string, and reports the new text since the last call.
+    still begin a stop string, and reports the new text since the last call. A U+FFFD at the end
+    of the text may stand for a character whose bytes have not all come: it is held back and no
+    stop string is searched in it until a character follows it or generation ends (:meth:`flush`).
+    Text cannot tell it from a U+FFFD that invalid bytes made: a stop string ending in one of those
+    stops the sequence once a character follows it or at the end (the text cut at the same place).
 
     Examples
     --------
@@ -101,17 +105,17 @@ class StreamState:
         """Register the generated ids so far; return the newly final text (may be empty)."""
         self._ids = ids
         text = self._text_of(ids)
-        final = len(text)
-        for s in self.stop:
-            i = text.find(s)
-            if i >= 0:
-                self.stopped = True
-                final = min(final, i)
-        if self.stopped:
-            text = text[:final]
+        # A trailing U+FFFD may stand for a character whose bytes have not all come (the window
+        # waits for them): it is neither reported nor searched for stop strings (a stop "\ufffd"
+        # fired at the first byte of every multi-byte character). One that invalid bytes made is
+        # found once a character follows it, or by flush at the end.
+        final = len(text.rstrip("\ufffd"))
+        cut = self._stop_in(text, final)
+        if cut is not None:
+            self.stopped = True
+            text = text[:cut]
+            final = cut
         else:
-            if text.endswith("\ufffd"):  # incomplete UTF-8 sequence
-                final = len(text.rstrip("\ufffd"))
             for s in self.stop:  # hold back a tail that may grow into a stop string
                 for k in range(min(len(s) - 1, final), 0, -1):
                     if text.endswith(s[:k], 0, final):
@@ -122,10 +126,19 @@ class StreamState:
         self.emitted = max(self.emitted, final)
         return delta
 
+    def _stop_in(self, text: str, end: int) -> int | None:
+        """Where the first stop string found in ``text[:end]`` begins (None: none is)."""
+        cuts = [i for i in (text.find(s, 0, end) for s in self.stop) if i >= 0]
+        return min(cuts) if cuts else None
+
     def flush(self) -> str:
-        """The held-back text at the end of generation (the whole sequence decoded once)."""
+        """The held-back text at the end of generation (the whole sequence decoded once). No byte
+        can come now: a trailing U+FFFD is text, and a stop string it ends stops the sequence here."""
         if not self.stopped:
             self.text = self.tokenizer.decode(self._ids)
+            cut = self._stop_in(self.text, len(self.text))
+            if cut is not None:
+                self.stopped, self.text = True, self.text[:cut]
         delta = self.text[self.emitted :]
         self.emitted = len(self.text)
         return delta
@@ -175,7 +188,8 @@ def emit_tokens(out: list[int], state: StreamState, tokens, eos: set, max_new_to
         elif len(out) >= max_new_tokens:
             reason = "length"
         if reason is not None:
-            return delta + state.flush(), reason
+            delta += state.flush()  # which finds a stop string that a trailing U+FFFD ends
+            return delta, "stop" if state.stopped else reason
     return delta, None
 
 

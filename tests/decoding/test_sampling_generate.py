@@ -11,7 +11,7 @@ import pytest
 import decoding
 from decoding import SamplingParams, generate
 from decoding.sampling import TokenNoise, filtered_probs, sample
-from decoding.scheduling import StreamState
+from decoding.scheduling import StreamState, emit_tokens
 
 
 # -- sampling ----------------------------------------------------------------------------------
@@ -183,6 +183,52 @@ def test_stream_state_decodes_windows_as_the_whole_sequence(which, tiny64, reque
         want, text = _whole_stream(tok, ids, stop)
         assert st.text == text and "".join(pieces) == text
         assert [p for p in pieces if p] == [p for p in want if p]
+
+
+# The tiny vocabulary's ids 0..255 are the bytes: "€" is [0xE2, 0x82, 0xAC], 0x80 a byte that no
+# character begins with.
+EURO = [0xE2, 0x82, 0xAC]
+
+
+@pytest.mark.parametrize(
+    ("ids", "stop", "at", "text"),
+    [
+        ([97] + EURO + [98], ["\ufffd"], None, "a€b"),  # no U+FFFD in the text: no stop
+        ([97, 0x80, 98, 99], ["\ufffd"], 3, "a"),  # a real one (invalid bytes), once "b" follows it
+        ([97, 0xE2, 98, 99], ["\ufffdb"], 3, "a"),  # an unfinished character's, once "b" makes it real
+        ([97] + EURO + [98], ["a€"], 4, ""),  # a stop string ending in a multi-byte character: at its
+        ([120, 97] + EURO, ["a€"], 5, "x"),  # last byte, as before
+        ([97] + EURO + [98], ["€b"], 5, "a"),
+        ([97, 98, 99], ["b"], 2, "a"),  # the stop strings of ASCII text, as before
+    ],
+)
+def test_a_stop_string_is_not_found_in_an_unfinished_character(tiny64, ids, stop, at, text):
+    # the stop search ran over text ending in the U+FFFD that stands for a character whose bytes
+    # have not all come: stop="\ufffd" stopped at the first byte of every multi-byte character
+    tok = tiny64.tokenizer
+    st, stopped_at = StreamState(tok, stop), None
+    for n in range(1, len(ids) + 1):
+        st.update(ids[:n])
+        if st.stopped:
+            stopped_at = n
+            break
+    assert stopped_at == at
+    st.flush()
+    assert st.text == text and st.stopped == (at is not None)
+
+
+def test_a_stop_string_that_a_last_unfinished_character_ends_stops_at_the_end(tiny64):
+    """At the end no byte can come: the U+FFFD is in the text, and a stop string it ends stops
+    the sequence, the streamed pieces adding up to the text."""
+    tok = tiny64.tokenizer
+    for tail, eos in (([0xE2, 0x82], False), ([0x80], False), ([0xE2], True)):
+        out = []
+        ids = [104, 105] + tail + [tok.eos_id] * eos
+        delta, reason = emit_tokens(out, StreamState(tok, ["i\ufffd"]), ids, {tok.eos_id}, len(ids))
+        assert (delta, reason, out) == ("h", "stop", ids)
+    out = []
+    delta, reason = emit_tokens(out, StreamState(tok, ["\ufffd"]), [104] + EURO, set(), 4)
+    assert (delta, reason) == ("h€", "length")
 
 
 # -- generate ------------------------------------------------------------------------------------

@@ -510,7 +510,7 @@ def _sparse_pattern_par(k0, k1, start, stop, s, r, stream):
     return rows, signs
 
 
-_HASH_BLOCK = 256  # rows hashed ahead of each scatter loop, so the add loop stays simple (SIMD)
+HASH_BLOCK = 256  # rows hashed ahead of each scatter loop, so the add loop stays simple (SIMD)
 
 
 @njit(inline="always")
@@ -566,10 +566,10 @@ def _sparse_apply_dense_par(k0, k1, s, r, stream, A, acc):
         lo = (c * n) // n_chunks
         hi = ((c + 1) * n) // n_chunks
         a = acc[c]
-        rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
-        signs = np.empty(_HASH_BLOCK * s, dtype=acc.dtype)
-        for b0 in range(lo, hi, _HASH_BLOCK):
-            b1 = min(hi, b0 + _HASH_BLOCK)
+        rows = np.empty(HASH_BLOCK * s, dtype=np.int64)
+        signs = np.empty(HASH_BLOCK * s, dtype=acc.dtype)
+        for b0 in range(lo, hi, HASH_BLOCK):
+            b1 = min(hi, b0 + HASH_BLOCK)
             _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
             for j in range(b0, b1):
                 x = A[j]
@@ -596,10 +596,10 @@ def _sparse_apply_dense_fortran_par(k0, k1, s, r, stream, A, acc):
     for c in prange(n_chunks):
         lo = (c * n) // n_chunks
         hi = ((c + 1) * n) // n_chunks
-        rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
-        signs = np.empty(_HASH_BLOCK * s, dtype=acc.dtype)
-        for b0 in range(lo, hi, _HASH_BLOCK):
-            b1 = min(hi, b0 + _HASH_BLOCK)
+        rows = np.empty(HASH_BLOCK * s, dtype=np.int64)
+        signs = np.empty(HASH_BLOCK * s, dtype=acc.dtype)
+        for b0 in range(lo, hi, HASH_BLOCK):
+            b1 = min(hi, b0 + HASH_BLOCK)
             _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
             for col in range(k):
                 dst = acc[c, col]
@@ -619,10 +619,10 @@ def _sparse_apply_csr_par(k0, k1, s, r, stream, indptr, indices, data, n, k, acc
         lo = (c * n) // n_chunks
         hi = ((c + 1) * n) // n_chunks
         a = acc[c]
-        rows = np.empty(_HASH_BLOCK * s, dtype=np.int64)
-        signs = np.empty(_HASH_BLOCK * s, dtype=acc.dtype)
-        for b0 in range(lo, hi, _HASH_BLOCK):
-            b1 = min(hi, b0 + _HASH_BLOCK)
+        rows = np.empty(HASH_BLOCK * s, dtype=np.int64)
+        signs = np.empty(HASH_BLOCK * s, dtype=acc.dtype)
+        for b0 in range(lo, hi, HASH_BLOCK):
+            b1 = min(hi, b0 + HASH_BLOCK)
             _hash_block(key0, key1, b0, b1, s, r, stream, rows, signs)
             for j in range(b0, b1):
                 for t in range(s):

@@ -154,6 +154,7 @@ class SketchOperator:
         if (
             isinstance(index, tuple)
             and len(index) == 2
+            and isinstance(index[0], slice)  # (an array's == is elementwise: no truth value)
             and index[0] == slice(None)
             and isinstance(index[1], slice)
             and index[1].step in (None, 1)
@@ -190,6 +191,24 @@ class SketchOperator:
         return max(1, _BLOCK_ENTRIES // self.sketch_size)
 
     # ----------------------------------------------------------------------------- products
+    #: NumPy's ``ndarray @ S`` returns NotImplemented instead of making ``S`` a 0-d object array,
+    #: so that Python calls :meth:`__rmatmul__` (SciPy's sparse matrices defer already).
+    __array_ufunc__ = None
+
+    def __rmatmul__(self, A):
+        """``A @ S`` (``A`` with ``sketch_size`` columns) as ``(S.T @ A.T).T``.
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> S = rsketch.CountSketch(6, 3, seed=0)
+        >>> A = np.arange(6.0).reshape(2, 3)
+        >>> bool(np.array_equal(A @ S, (S.T @ A.T).T))
+        True
+        """
+        _check_columns(A, self.sketch_size, "A @ S", "the sketch's sketch_size")
+        return _transposed(self._adjoint(_transposed(A)))
+
     def __matmul__(self, A):
         if array_api_compat.is_dask_array(A):  # lazy, chunk by chunk at each chunk's row offset
             from rsketch.dask._sketch import sketch_dask
@@ -223,7 +242,7 @@ class SketchOperator:
 
                 out = sketch_apply(self, A)
             else:
-                out = self.reference_apply(A)
+                out = self._reference_apply(A)
         xo = array_namespace(out)
         if self._nonfinite_propagates and not bool(xo.all(xo.isfinite(out))):
             check_finite(A, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
@@ -238,7 +257,23 @@ class SketchOperator:
         return itemsize * self.input_dim * k + 16 * self.sketch_size * self._block_size()
 
     def reference_apply(self, A):
-        """``S @ A`` as the sum over column blocks of ``S[:, a:b] @ A[a:b]`` (portable path)."""
+        """``S @ A`` as the sum over column blocks of ``S[:, a:b] @ A[a:b]`` (portable path).
+
+        ``A`` is checked as for ``S @ A`` (integer input becomes float64, a vector gives a vector).
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> S = rsketch.SparseSign(50, 8, seed=0)
+        >>> A = np.arange(100).reshape(50, 2)
+        >>> bool(np.allclose(S.reference_apply(A), S @ A, rtol=1e-12))
+        True
+        """
+        A, is_vector = check_operand(A, self.input_dim, "A", rows_label="the sketch's input_dim")
+        out = self._reference_apply(A)
+        return out[:, 0] if is_vector else out
+
+    def _reference_apply(self, A):
         if sp.issparse(A):
             return self._block_sum_sparse(A, self.reference_columns)
         xp = array_namespace(A)
@@ -300,11 +335,27 @@ class SketchOperator:
 
             out = sketch_adjoint(self, Z)
         else:
-            out = self.reference_adjoint(Z)
+            out = self._reference_adjoint(Z)
         return out[:, 0] if is_vector else out
 
     def reference_adjoint(self, Z):
-        """``S.T @ Z`` block by block from the portable path."""
+        """``S.T @ Z`` block by block from the portable path (``Z`` checked as for ``S.T @ Z``).
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> S = rsketch.SparseSign(50, 8, seed=0)
+        >>> Z = np.arange(16).reshape(8, 2)
+        >>> bool(np.allclose(S.reference_adjoint(Z), S.T @ Z, rtol=1e-12))
+        True
+        """
+        Z, is_vector = check_operand(Z, self.sketch_size, "Z", rows_label="the sketch's sketch_size")
+        if sp.issparse(Z):
+            Z = Z.toarray()
+        out = self._reference_adjoint(Z)
+        return out[:, 0] if is_vector else out
+
+    def _reference_adjoint(self, Z):
         xp = array_namespace(Z)
         bs = self._block_size()
         parts = [
@@ -339,6 +390,18 @@ class SketchOperator:
             rmatmat=lambda Z: self._adjoint(Z),
             dtype=self.dtype,
         )
+
+
+def _check_columns(A, columns: int, what: str, label: str) -> None:
+    """The left operand of ``what`` must have ``columns`` columns (its transpose is checked again)."""
+    shape = getattr(A, "shape", None)
+    if shape is not None and len(shape) in (1, 2) and shape[-1] != columns:
+        raise ValueError(f"{what} needs A with {columns} columns ({label}), got shape {tuple(shape)}")
+
+
+def _transposed(A):
+    """``A.T`` of a 2-D operand of any kind (NumPy, SciPy sparse, Dask, CuPy); a vector as it is."""
+    return A if getattr(A, "ndim", 2) == 1 else A.T
 
 
 def _itemsize(dtype) -> int:
@@ -398,8 +461,24 @@ class AdjointSketch:
     def dtype(self):
         return self.operator.dtype
 
+    __array_ufunc__ = None  # ndarray @ S.T defers to __rmatmul__ (see SketchOperator)
+
     def __matmul__(self, Z):
         return self.operator._adjoint(Z)
+
+    def __rmatmul__(self, A):
+        """``A @ S.T`` (``A`` with ``input_dim`` columns) as ``(S @ A.T).T``: the sketch of ``A``'s rows.
+
+        Examples
+        --------
+        >>> import numpy as np, rsketch
+        >>> S = rsketch.SparseSign(6, 3, seed=0)
+        >>> A = np.arange(12.0).reshape(2, 6)
+        >>> bool(np.array_equal(A @ S.T, (S @ A.T).T))
+        True
+        """
+        _check_columns(A, self.operator.input_dim, "A @ S.T", "the sketch's input_dim")
+        return _transposed(self.operator @ _transposed(A))
 
     def to_dense(self) -> np.ndarray:
         return self.operator.to_dense().T

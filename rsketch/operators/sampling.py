@@ -124,7 +124,7 @@ class UniformSampling(_RowSampling):
             return self._indices(xp)
         if self._idx is None:
             self._check_index_memory()
-            self._idx = self._indices(None)
+            self._idx = _read_only(self._indices(None))
         return self._idx
 
     def _indices(self, xp):
@@ -139,6 +139,8 @@ class UniformSampling(_RowSampling):
 
     def scales(self) -> np.ndarray:
         """Row scales ``sqrt(n / r)``."""
+        r = self.sketch_size
+        check_allocation(8 * r, f"the {r} row scales", "use a smaller sketch_size")
         return np.full(self.sketch_size, math.sqrt(self.input_dim / self.sketch_size))
 
     def _reference_columns(self, start, stop, xp):
@@ -174,8 +176,14 @@ def _check_scores(scores, input_dim):
     return s
 
 
+#: Below this sum the scores are rescaled by their largest: ``(1 - mix) * s`` of subnormal
+#: scores lost their digits (scores ``[5e-324, 0, 0]`` gave probabilities summing to 1.1).
+_SMALLEST_SUM = 2.0**-960
+
+
 def _scores_and_sum(s):
-    """``(s, sum(s))`` for finite non-negative ``s``, rescaled by ``max(s)`` only if the sum overflows.
+    """``(s, sum(s))`` for finite non-negative ``s``, rescaled by ``max(s)`` only if the sum overflows
+    or is near the subnormal range.
 
     Only proportions matter; scores of ordinary size are returned as they are, so the
     probabilities keep their exact rounding.
@@ -184,13 +192,22 @@ def _scores_and_sum(s):
     --------
     >>> _scores_and_sum(np.array([1e308, 1e308, 0.0]))
     (array([1., 1., 0.]), np.float64(2.0))
+    >>> _scores_and_sum(np.array([5e-324, 0.0]))
+    (array([1., 0.]), np.float64(1.0))
     """
     with np.errstate(over="ignore"):
         total = s.sum()
-    if not math.isfinite(total):
+    if not math.isfinite(total) or total < _SMALLEST_SUM:
         s = s / s.max()
         total = s.sum()
     return s, total
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, made read-only: the operator's cached state, handed out to callers, must not change
+    under them (a caller who sorted the array ``indices()`` returned changed every later ``S @ A``)."""
+    a.flags.writeable = False
+    return a
 
 
 class LeverageSampling(_RowSampling):
@@ -235,7 +252,7 @@ class LeverageSampling(_RowSampling):
         self.scores = _check_scores(scores, self.input_dim)
         self.uniform_mix = mix = check_uniform_mix(uniform_mix)
         s, total = _scores_and_sum(self.scores)
-        self.probabilities = (1 - mix) * s / total + mix / self.input_dim
+        self.probabilities = _read_only((1 - mix) * s / total + mix / self.input_dim)
         self._cdf = np.cumsum(self.probabilities)
         self._idx = None
 
@@ -250,7 +267,7 @@ class LeverageSampling(_RowSampling):
         if self._idx is None:
             self._check_index_memory()
             w = cpu.philox_words(self.key[0], self.key[1], 0, self.sketch_size, 1, STREAM_SAMPLE)[:, 0, :]
-            self._idx = self._invert(w[:, 0], w[:, 1])
+            self._idx = _read_only(self._invert(w[:, 0], w[:, 1]))
         return self._idx
 
     def _invert(self, w_lo, w_hi):

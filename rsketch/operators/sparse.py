@@ -8,7 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from rsketch._random import STREAM_ROW, bounded_from_words, random_words, signs_from_words
-from rsketch._validation import check_int
+from rsketch._validation import check_allocation, check_float_dtype, check_int
 from rsketch.kernels import cpu
 from rsketch.operators.base import ACCUMULATOR_BYTES, SketchOperator, canonical_csr
 
@@ -27,6 +27,35 @@ def sparse_chunks(n: int, r: int, k: int, itemsize: int = 8) -> int:
     """
     by_n = min(8, max(1, n // 16384))
     return max(1, min(by_n, ACCUMULATOR_BYTES // (itemsize * r * k)))
+
+
+#: Most rows a row block may hold: a row within a block is drawn from one 32-bit word
+#: (``(w * size) >> 32``), which reaches only the first 2**32 rows of a larger block.
+MAX_BLOCK_ROWS = 2**32
+
+
+def _check_blocks(sketch_size: int, nnz: int, name: str) -> None:
+    """Refuse sizes the hashing cannot draw uniformly: row blocks of ``sketch_size / nnz`` rows
+    above :data:`MAX_BLOCK_ROWS`, or block bounds ``t * sketch_size`` (``t < nnz``) beyond int64.
+
+    Examples
+    --------
+    >>> _check_blocks(2**33, 1, "CountSketch")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: CountSketch draws each nonzero's row within a block of ... = 8589934592 rows from 32 ...
+    """
+    if -(-sketch_size // nnz) > MAX_BLOCK_ROWS:
+        raise ValueError(
+            f"{name} draws each nonzero's row within a block of sketch_size / nnz_per_column = "
+            f"{-(-sketch_size // nnz)} rows from 32 random bits, so a block may hold at most 2**32 rows; "
+            "use a smaller sketch_size or more nonzeros per column"
+        )
+    if sketch_size * nnz >= 2**63:
+        raise ValueError(
+            f"{name}'s block bounds need sketch_size * nnz_per_column < 2**63, got "
+            f"{sketch_size} * {nnz}; use fewer nonzeros per column"
+        )
 
 
 class SparseSign(SketchOperator):
@@ -68,6 +97,7 @@ class SparseSign(SketchOperator):
         if nnz_per_column is None:
             nnz_per_column = min(8, self.sketch_size)
         self.nnz_per_column = check_int(nnz_per_column, "nnz_per_column", minimum=1, maximum=self.sketch_size)
+        _check_blocks(self.sketch_size, self.nnz_per_column, type(self).__name__)
 
     def _options(self):
         return {"nnz_per_column": self.nnz_per_column}
@@ -81,6 +111,8 @@ class SparseSign(SketchOperator):
         stop = self.input_dim if stop is None else stop
         start, stop = self._check_range(start, stop)
         s, r = self.nnz_per_column, self.sketch_size
+        what = f"the pattern of columns {start}:{stop}"
+        check_allocation(16 * s * (stop - start), what, "ask for fewer columns at a time")
         return cpu.sparse_pattern(self.key[0], self.key[1], start, stop, s, r, STREAM_ROW)
 
     def sparse_columns(self, start=0, stop=None, dtype=np.float64):
@@ -97,6 +129,7 @@ class SparseSign(SketchOperator):
         ((8, 10), 20, True)
         """
         stop = self.input_dim if stop is None else stop
+        dtype = check_float_dtype(dtype)
         rows, signs = self.pattern(start, stop)
         s = rows.shape[1]
         data = (signs * self._scale).astype(dtype).reshape(-1)
@@ -106,6 +139,7 @@ class SparseSign(SketchOperator):
     def reference_pattern(self, start=0, stop=None, xp=np):
         """The same pattern from the portable Philox path."""
         stop = self.input_dim if stop is None else stop
+        start, stop = self._check_range(start, stop)
         s, r = self.nnz_per_column, self.sketch_size
         j = xp.arange(start, stop, dtype=xp.int64)[:, None]
         t = xp.arange(s, dtype=xp.int64)[None, :]
@@ -140,9 +174,12 @@ class SparseSign(SketchOperator):
         return max(1, (1 << 20) // self.sketch_size)
 
     def _apply_bytes(self, k: int, itemsize: int) -> int:
-        r = self.sketch_size
+        r, s = self.sketch_size, self.nnz_per_column
         chunks = sparse_chunks(self.input_dim, r, k, itemsize)
-        return itemsize * r * k * (chunks + (chunks > 1))
+        # each chunk also hashes HASH_BLOCK rows ahead: s rows (int64) and signs each (a million
+        # nonzeros a column made 7.8 GB of these buffers that the estimate left out)
+        hashed = chunks * cpu.HASH_BLOCK * s * (8 + itemsize)
+        return itemsize * r * k * (chunks + (chunks > 1)) + hashed
 
     def _adjoint_bytes(self, k: int, itemsize: int) -> int:
         return itemsize * (self.input_dim + self.sketch_size) * k

@@ -57,15 +57,21 @@ class _SubsampledTransform(SketchOperator):
                 40 * r, f"the {r} selected rows of a {type(self).__name__}", "use a smaller sketch_size"
             )
             self._rows = cpu.floyd_sample(self.key[0], self.key[1], self.padded_size, r, STREAM_SELECT)
+            self._rows.flags.writeable = False  # handed out: a caller's edit must not change S
         return self._rows
 
     def reference_rows(self, xp=np):
         """The selected rows from the portable Philox path (must equal :attr:`rows`)."""
+        r = self.sketch_size
+        what = f"the {r} selected rows of a {type(self).__name__}"
+        check_allocation(40 * r, what, "use a smaller sketch_size")
         return sample_without_replacement(xp, self.key, self.padded_size, self.sketch_size, STREAM_SELECT)
 
     def signs(self, start=0, stop=None, xp=np):
         """The diagonal signs ``D[start:stop]`` (float64 +-1)."""
         stop = self.input_dim if stop is None else stop
+        start, stop = self._check_range(start, stop)
+        check_allocation(16 * (stop - start), f"signs {start}:{stop}", "ask for fewer signs at a time")
         return signs_from_words(xp, lane_words(xp, self.key, start, stop, STREAM_SIGN), xp.float64)
 
     def _columns_from(self, rows, start, stop, xp):  # pragma: no cover - abstract
@@ -78,7 +84,14 @@ class _SubsampledTransform(SketchOperator):
         return self._columns_from(self.reference_rows(), start, stop, xp)
 
     def _apply_sparse(self, A):
-        # The transform mixes all rows: a sparse A is densified (documented memory cost n * k).
+        # The transform mixes all rows: a sparse A is densified (documented memory cost n * k),
+        # counted with the transform's own work before it is made
+        n, k = A.shape
+        check_allocation(
+            A.dtype.itemsize * n * k + self._apply_bytes(k, A.dtype.itemsize),
+            f"{type(self).__name__} @ A of a sparse {n} x {k} A (densified: the transform mixes every row)",
+            "apply the sketch to fewer columns at a time",
+        )
         return self._apply_numpy(A.toarray())
 
     def _columns_bytes(self) -> int:

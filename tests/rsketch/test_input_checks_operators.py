@@ -145,3 +145,142 @@ def test_leverage_scores_none_is_no_scores():
     )
     with pytest.raises(ValueError, match="needs either scores"):
         rsketch.make_sketch("leverage", 300, 30, seed=1, scores=None)
+
+
+# ------------------------------------------------------------------ the operators' probe of 2026-12-06
+def test_sparse_sizes_the_hashing_cannot_reach_are_refused():
+    # A row within a block is drawn from 32 bits: a CountSketch of 3 * 2**31 rows put none of its
+    # nonzeros past row 2**32 (83% in the first half). And block bounds t * r of 4 * 2**62
+    # overflowed int64 into negative row indices.
+    with pytest.raises(ValueError, match=r"CountSketch .* at most 2\*\*32 rows; use a smaller sketch_size"):
+        rsketch.CountSketch(200_000, 3 * 2**31, seed=0)
+    with pytest.raises(ValueError, match=r"SparseSign .* at most 2\*\*32 rows"):
+        rsketch.SparseSign(1000, 2**62, seed=0, nnz_per_column=4)
+    with pytest.raises(ValueError, match=r"sketch_size \* nnz_per_column < 2\*\*63"):
+        rsketch.SparseSign(10, 2**61, seed=0, nnz_per_column=2**30)
+    # at the limit a block's rows are all reachable: 2**32 rows, the word itself
+    rows = rsketch.CountSketch(20_000, 2**32, seed=0).pattern()[0][:, 0]
+    assert rows.min() >= 0 and rows.max() < 2**32 and (rows >= 2**31).mean() > 0.45
+    rows = rsketch.SparseSign(20_000, 2**34, seed=0, nnz_per_column=4).pattern()[0]
+    for t in range(4):  # each block [t 2**32, (t + 1) 2**32) is drawn over, both of its halves
+        within = rows[:, t] - t * 2**32
+        assert within.min() >= 0 and within.max() < 2**32 and (within >= 2**31).mean() > 0.45
+
+
+def test_leverage_probabilities_of_subnormal_scores_sum_to_one():
+    # (1 - mix) * s of subnormal scores lost their digits: [5e-324, 0, 0] gave probabilities
+    # [1.033, 0.033, 0.033] (sum 1.1), so E[S.T S] was not I.
+    for scores in ([5e-324, 0.0, 0.0], [1e-320, 3e-320], [2.0**-1000, 2.0**-1001, 0.0]):
+        S = rsketch.make_sketch("leverage", len(scores), 10, scores=np.array(scores), seed=0)
+        ref = rsketch.make_sketch("leverage", len(scores), 10, scores=np.array(scores) / max(scores), seed=0)
+        assert abs(S.probabilities.sum() - 1.0) < 4e-16
+        np.testing.assert_allclose(S.probabilities, ref.probabilities, rtol=1e-15)
+    # scores of ordinary size keep their exact probabilities (no rescaling: the same bits)
+    s = np.array([0.3, 0.5, 0.2])
+    S = rsketch.make_sketch("leverage", 3, 10, scores=s, seed=0)
+    assert np.array_equal(S.probabilities, 0.9 * s / s.sum() + 0.1 / 3)
+
+
+@pytest.mark.parametrize("kind", list(SKETCH_KINDS))
+def test_reference_paths_check_their_operand_as_the_product_does(kind):
+    # reference_apply truncated the sketch to an integer A's dtype (a Gaussian sketch of arange
+    # came out [[0 0] [0 0] [-8 -9]]), and a bool A gave a bool matrix
+    options = {"scores": np.linspace(1, 2, 10)} if kind == "leverage" else {}
+    S = rsketch.make_sketch(kind, 10, 3 if kind != "srht" else 4, seed=0, **options)
+    Ai = np.arange(20).reshape(10, 2)
+    for A in (Ai, Ai > 5):
+        np.testing.assert_allclose(S.reference_apply(A), S @ A, rtol=1e-12, atol=1e-12)
+    Zi = np.arange(2 * S.sketch_size).reshape(S.sketch_size, 2)
+    np.testing.assert_allclose(S.reference_adjoint(Zi), S.T @ Zi, rtol=1e-12, atol=1e-12)
+    assert S.reference_apply(np.arange(10)).shape == (S.sketch_size,)
+    with pytest.raises(ValueError, match=r"A must have 10 rows \(the sketch's input_dim\)"):
+        S.reference_apply(np.ones((9, 2)))
+    with pytest.raises(TypeError, match="A must be real-valued"):
+        S.reference_apply(np.ones((10, 2), dtype=complex))
+
+
+def test_sparse_sign_counts_its_hash_buffers_before_allocating(monkeypatch):
+    # Each chunk hashes 256 rows ahead into buffers of 256 s entries that the estimate left out:
+    # nnz_per_column = 3e7 leaked numba's "SystemError ... MemoryError" after trying 7.8 GB.
+    from rsketch import _validation
+
+    monkeypatch.setattr(_validation, "available_memory", lambda: 8 * 2**30)
+    S = rsketch.make_sketch("sparse_sign", 10, 30_000_000, nnz_per_column=30_000_000, seed=0)
+    with pytest.raises(MemoryError, match=r"SparseSign @ A .* needs"):
+        S @ np.ones(10)
+    with pytest.raises(MemoryError, match=r"SparseSign @ A .* needs"):
+        S @ np.ones((10, 2), order="F")
+
+
+def test_a_left_operand_sketches_rows_through_the_adjoint():
+    # A @ S.T was a NumPy error ("matmul: Input operand 1 does not have enough dimensions") and,
+    # for a sparse A, "unsupported operand type(s) for @"
+    import scipy.sparse as sparse
+
+    rng = np.random.default_rng(0)
+    for kind in SKETCH_KINDS:
+        options = {"scores": np.linspace(1, 2, 12)} if kind == "leverage" else {}
+        S = rsketch.make_sketch(kind, 12, 4, seed=0, **options)
+        A = rng.standard_normal((3, 12))
+        assert np.array_equal(A @ S.T, (S @ A.T).T)
+        assert np.array_equal(sparse.csr_matrix(A) @ S.T, (S @ sparse.csr_matrix(A).T).T)
+        assert np.array_equal(A[0] @ S.T, S @ A[0])
+        B = rng.standard_normal((2, 4))
+        assert np.array_equal(B @ S, (S.T @ B.T).T)
+        with pytest.raises(ValueError, match=r"A @ S.T needs A with 12 columns \(the sketch's input_dim\)"):
+            rng.standard_normal((3, 11)) @ S.T
+        with pytest.raises(ValueError, match=r"A @ S needs A with 4 columns \(the sketch's sketch_size\)"):
+            B[:, :3] @ S
+
+
+def test_cached_sketch_state_is_read_only():
+    # indices() handed out the cached array: a caller's sort changed every later S @ A, and a
+    # row of an SRHT set to 10**6 read out of bounds
+    A = np.arange(20.0).reshape(10, 2)
+    for kind, options in (("uniform", {}), ("leverage", {"scores": np.linspace(1, 2, 10)})):
+        S = rsketch.make_sketch(kind, 10, 4, seed=0, **options)
+        with pytest.raises(ValueError, match="read-only"):
+            S.indices().sort()
+    S = rsketch.make_sketch("leverage", 10, 4, seed=0, scores=np.linspace(1, 2, 10))
+    with pytest.raises(ValueError, match="read-only"):
+        S.probabilities[0] = 1.0
+    H = rsketch.make_sketch("srht", 10, 4, seed=0)
+    before = H @ A
+    with pytest.raises(ValueError, match="read-only"):
+        H.rows[0] = 10**6
+    assert np.array_equal(H @ A, before)
+
+
+def test_helpers_check_their_ranges_and_dtypes():
+    S = rsketch.make_sketch("sparse_sign", 10, 8, seed=0, nnz_per_column=4)
+    with pytest.raises(TypeError, match="dtype must be numpy.float32 or numpy.float64"):
+        S.sparse_columns(0, 3, dtype=int)
+    with pytest.raises(ValueError, match="stop must be >= 5"):
+        S.reference_pattern(5, 2)
+    H = rsketch.make_sketch("srht", 10, 4, seed=0)
+    with pytest.raises(ValueError, match="start must be >= 0"):
+        H.signs(-3, 2)
+    with pytest.raises(ValueError, match="stop must be <= 10"):
+        H.signs(0, 100)
+    with pytest.raises(IndexError, match=r"only column blocks S\[:, a:b\]"):
+        S[np.arange(2), 0:3]
+
+
+def test_huge_helper_arrays_and_densified_sparse_input_are_refused_up_front(monkeypatch):
+    import scipy.sparse as sparse
+
+    from rsketch import _validation
+
+    monkeypatch.setattr(_validation, "available_memory", lambda: 8 * 2**30)
+    with pytest.raises(MemoryError, match="the pattern of columns 0:1000000000000"):
+        rsketch.CountSketch(10**12, 5, seed=0).pattern()
+    with pytest.raises(MemoryError, match="signs 0:1099511627776"):
+        rsketch.SRHT(2**40, 5, seed=0).signs()
+    with pytest.raises(MemoryError, match="row scales"):
+        rsketch.UniformSampling(10, 10**12, seed=0).scales()
+    with pytest.raises(MemoryError, match="selected rows"):
+        rsketch.SRHT(2**40, 2**38, seed=0).reference_rows()
+    # SRHT densifies a sparse A (the transform mixes every row): 2**20 x 4000 is 31 GiB
+    A = sparse.csr_matrix(([1.0, 2.0, 3.0], ([0, 5, 9], [0, 1, 2])), shape=(2**20, 4000))
+    with pytest.raises(MemoryError, match=r"sparse 1048576 x 4000 A \(densified"):
+        rsketch.SRHT(2**20, 16, seed=0) @ A

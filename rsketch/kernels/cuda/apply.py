@@ -55,7 +55,7 @@ def _sparse(S, A, xp):
 def _srht(S, A, xp):
     r = S.sketch_size
     out = xp.empty((r, A.shape[1]), dtype=A.dtype)
-    rows = xp.asarray(S.rows)
+    rows = xp.array(S.rows)  # a copy: the operator's rows are read-only (the simulator writes args back)
     srht_apply(S.key[0], S.key[1], STREAM_SIGN, S.padded_size, rows, 1.0 / math.sqrt(r), A, out)
     return out
 
@@ -74,8 +74,8 @@ def _sampling(S, A, xp):
     r = S.sketch_size
     if S.kind == "uniform" and S.replace:
         idx = uniform_indices(S.key[0], S.key[1], r, S.input_dim, STREAM_SAMPLE, xp)
-    else:  # Floyd's algorithm and CDF inversion: O(r) on the host
-        idx = xp.asarray(S.indices())
+    else:  # Floyd's algorithm and CDF inversion: O(r) on the host; a copy, as for the SRHT's rows
+        idx = xp.array(S.indices())
     out = xp.empty((r, A.shape[1]), dtype=A.dtype)
     gather_rows(A, idx, xp.asarray(S.scales().astype(A.dtype)), out)
     return out
@@ -186,7 +186,7 @@ def sketch_adjoint(S, Z):
     """``S.T @ Z`` for a checked 2-D device array ``Z`` (``r x k``): the sparse sign kinds by the gather
     kernel (the CPU's bits); the other kinds by the operator's portable path in the device's namespace."""
     if S.kind not in ("sparse_sign", "countsketch"):
-        return S.reference_adjoint(Z)
+        return S._reference_adjoint(Z)  # Z checked by the caller
     xp = array_module(Z)
     Z = xp.ascontiguousarray(Z)
     out = xp.empty((S.input_dim, Z.shape[1]), dtype=Z.dtype)

@@ -11,15 +11,29 @@ import scipy.sparse as sp
 _SPARSE_OK = ("csr", "csc", "coo")
 
 
+def shown_int(value: int) -> str:
+    """An integer for a message: in full up to 20 digits, else by its size (Python refuses to print
+    an int of over 4,300 digits: the message itself raised ``ValueError: Exceeds the limit``).
+
+    Examples
+    --------
+    >>> shown_int(-12), shown_int(-10**5000)
+    ('-12', '-(an integer of 16610 bits)')
+    """
+    if abs(value) < 10**20:
+        return str(value)
+    return f"{'-' if value < 0 else ''}(an integer of {abs(value).bit_length()} bits)"
+
+
 def check_int(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` as an int after checking its type and range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ValueError(f"{name} must be >= {minimum}, got {shown_int(value)}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+        raise ValueError(f"{name} must be <= {maximum}, got {shown_int(value)}")
     return value
 
 
@@ -244,7 +258,7 @@ def check_seed(seed, name: str = "seed"):
         return seed
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
         if seed < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {seed}")
+            raise ValueError(f"{name} must be a non-negative integer, got {shown_int(seed)}")
         return int(seed)
     raise TypeError(
         f"{name} must be None, a non-negative int, a numpy.random.SeedSequence or a "

@@ -284,3 +284,16 @@ def test_huge_helper_arrays_and_densified_sparse_input_are_refused_up_front(monk
     A = sparse.csr_matrix(([1.0, 2.0, 3.0], ([0, 5, 9], [0, 1, 2])), shape=(2**20, 4000))
     with pytest.raises(MemoryError, match=r"sparse 1048576 x 4000 A \(densified"):
         rsketch.SRHT(2**20, 16, seed=0) @ A
+
+
+def test_integers_too_long_to_print_are_named_by_their_size():
+    # printing an int of over 4,300 digits raises Python's own ValueError ("Exceeds the limit"),
+    # which replaced the message naming the argument
+    with pytest.raises(
+        ValueError, match=r"seed must be a non-negative integer, got -\(an integer of 16610 bits\)"
+    ):
+        rsketch.make_sketch("gaussian", 10, 3, seed=-(10**5000))
+    with pytest.raises(ValueError, match=r"sketch_size must be >= 1, got -\(an integer of 16610 bits\)"):
+        rsketch.make_sketch("gaussian", 10, -(10**5000))
+    with pytest.raises(ValueError, match=r"sketch_size must be >= 1, got -3$"):
+        rsketch.make_sketch("gaussian", 10, -3)

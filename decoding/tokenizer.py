@@ -17,7 +17,6 @@ cannot fabricate a turn by typing the markers (``allow_special_in_content=True``
 
 from __future__ import annotations
 
-import functools
 import re
 import secrets
 
@@ -25,6 +24,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
+from ._chat_template import TEMPLATE_CHARS, TemplateLimit, compile_chat_template, over
 from .gguf_reader import describe_value
 
 __all__ = ["Tokenizer", "ChatPrompt", "check_text", "check_token_ids"]
@@ -33,13 +33,6 @@ __all__ = ["Tokenizer", "ChatPrompt", "check_text", "check_token_ids"]
 _DIGIT_SPLIT = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
 _GPT2 = {"default", "gpt2", "gpt-2"}
 # token types: 3 = control (special), 4 = user-defined
-
-# Bounds on rendering a chat template. The template is data from the model file: jinja2's sandbox
-# keeps it away from Python's internals, not from looping or multiplying for hours, so each rendering
-# counts its work (loop iterations, range items, calls and filters) and refuses a value, or text
-# written, larger than a prompt could need (the messages' own text is allowed four times over).
-_TEMPLATE_STEPS = 200_000  # a second or two at most; the SmolLM2 template takes one per message
-_TEMPLATE_CHARS = 1 << 20  # characters (or items) of any value, beyond 4x the messages' text
 
 
 def check_text(text, name: str = "text") -> str:
@@ -131,247 +124,6 @@ def _check_id(i, name: str, vocab_size: int | None = None) -> int:
     if vocab_size is not None and not 0 <= i < vocab_size:
         raise ValueError(f"{name} {int(i)} is not a token id (the vocabulary has {vocab_size})")
     return int(i)
-
-
-class _TemplateLimit(ValueError):
-    """A chat template went past a bound of its environment (raised as is, never re-worded)."""
-
-
-def _over(what: str, n: int, limit: int) -> _TemplateLimit:
-    shown = f"{n:,}" if n < 10**18 else f"about 2**{n.bit_length() - 1}"  # str() of a huge int fails
-    return _TemplateLimit(
-        f"tokenizer.chat_template {what} {shown}, over the {limit:,} a chat prompt's rendering allows"
-    )
-
-
-def _number_over(text: str, limit: int) -> int | None:
-    """The first number spelt in ``text`` above ``limit`` (a format width such as ``%999999999s``)."""
-    for d in re.findall(r"\d+", text):
-        if len(d) > 18 or int(d) > limit:
-            return int(d) if len(d) <= 4000 else limit + 1
-    return None
-
-
-def _amplified_size(name: str, value, args: tuple, kwargs: dict, method: bool) -> int:
-    """Characters a ``replace``, ``join`` or ``indent`` (filter or ``str`` method) would produce,
-    computed before it runs: they multiply one string by another's length or by a line count, so
-    checking their result afterwards would come after the allocation. ``value`` is the filtered
-    value, or the string whose method (``method``) is called. 0 for anything else."""
-    try:
-        if name == "replace":
-            old, new = (list(args) + [kwargs.get("old"), kwargs.get("new")])[:2]
-            if isinstance(value, str) and isinstance(old, str) and isinstance(new, str):
-                return len(value) + value.count(old) * max(len(new) - len(old), 0)
-        elif name == "join":
-            if method:  # separator.join(items)
-                items, sep = (list(args) + [None])[0], value
-            else:  # items|join(separator)
-                items, sep = value, (list(args) + [kwargs.get("d", "")])[0]
-            if isinstance(items, (list, tuple)) and isinstance(sep, str):
-                text = sum(len(x) for x in items if isinstance(x, str))
-                return text + len(sep) * max(len(items) - 1, 0)
-        elif name == "indent" and isinstance(value, str):
-            width = (list(args) + [kwargs.get("width", 4)])[0]
-            w = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
-            return len(value) + (value.count("\n") + 1) * w
-    except TypeError:
-        pass
-    return 0
-
-
-@functools.cache
-def _chat_environment():
-    """The class of the chat templates' jinja2 environments (jinja2 is imported on first use).
-
-    An :class:`~jinja2.sandbox.ImmutableSandboxedEnvironment` (the template can neither reach
-    Python's internals nor change the messages) that bounds one rendering's work: the template is
-    rewritten so that every ``for`` loop counts its iterations, every output counts its characters
-    and every ``~`` concatenation is checked for size; ``range`` items, calls and filters count
-    too, up to :data:`_TEMPLATE_STEPS` in all. Products (``*``, ``**``, ``+``, ``%``), ``replace``,
-    ``join`` and ``indent`` are sized before they run, integer arguments of calls and filters
-    above ``max_chars`` are refused, and every value a call or filter returns is sized after.
-    Each instance belongs to one :meth:`Tokenizer.apply_chat_template` call (the counters are its
-    state), never shared between threads.
-    """
-    from jinja2 import nodes, pass_context
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-    from jinja2.visitor import NodeTransformer
-
-    def internal(node, name):
-        return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
-
-    class Bounded(NodeTransformer):
-        """Routes loops, outputs and concatenations through the environment's counting filters
-        (filters that take the context: jinja2 never evaluates those at compile time)."""
-
-        def visit_For(self, node):
-            node = self.generic_visit(node)
-            node.iter = internal(node.iter, "_chat_counted")
-            return node
-
-        def visit_Output(self, node):
-            node = self.generic_visit(node)
-            node.nodes = [internal(n, "_chat_emit") for n in node.nodes]
-            return node
-
-        def visit_Concat(self, node):
-            return internal(self.generic_visit(node), "_chat_sized")
-
-    class ChatEnvironment(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"+", "*", "**", "%"})
-
-        def __init__(self, max_chars: int = _TEMPLATE_CHARS):
-            super().__init__(trim_blocks=True, lstrip_blocks=True)
-            self.max_chars = int(max_chars)
-            self.start()
-            self.globals["range"] = self._range  # its items count as steps
-            self.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs: of no use to a prompt
-            self.filters = {name: self._bounded_filter(name, f) for name, f in self.filters.items()}
-            env = self
-
-            @pass_context
-            def counted(context, items):
-                return _Counted(env, items)
-
-            @pass_context
-            def emit(context, value):
-                text = value if isinstance(value, str) else str(value)
-                env.emitted += len(text)
-                if env.emitted > 4 * env.max_chars:
-                    raise _over("writes characters:", env.emitted, 4 * env.max_chars)
-                return text
-
-            @pass_context
-            def sized(context, value):
-                return env.sized(value)
-
-            self.filters.update(_chat_counted=counted, _chat_emit=emit, _chat_sized=sized)
-
-        def start(self) -> None:
-            """Reset the counters (before each rendering)."""
-            self.steps, self.emitted = _TEMPLATE_STEPS, 0
-
-        def charge(self, n: int) -> None:
-            self.steps -= n
-            if self.steps < 0:
-                raise _TemplateLimit(
-                    f"tokenizer.chat_template takes more than {_TEMPLATE_STEPS:,} steps (loop iterations, "
-                    "range items, calls and filters) to render"
-                )
-
-        def sized(self, value):
-            if isinstance(value, (str, list, tuple, dict)) and len(value) > self.max_chars:
-                raise _over(f"builds a {type(value).__name__} of length", len(value), self.max_chars)
-            return value
-
-        def check_args(self, args, kwargs) -> None:
-            for a in (*args, *kwargs.values()):
-                if isinstance(a, int) and abs(a) > self.max_chars:
-                    raise _over("passes the integer", abs(a), self.max_chars)
-
-        def check_format(self, fmt) -> None:
-            n = _number_over(fmt, self.max_chars) if isinstance(fmt, str) else None
-            if n is not None:
-                raise _over("formats with a width or precision of", n, self.max_chars)
-
-        def check_amplified(self, name, value, args, kwargs, method=False) -> None:
-            n = _amplified_size(name, value, args, kwargs, method)
-            if n > self.max_chars:
-                raise _over(f"would build by {name} a string of length", n, self.max_chars)
-
-        def _range(self, *args):
-            r = range(*args)
-            try:
-                n = len(r)
-            except OverflowError:  # more items than an index can count
-                n = self.steps + 1
-            self.charge(n)
-            return r
-
-        def _bounded_filter(self, name, f):
-            lead = 1 if hasattr(f, "jinja_pass_arg") else 0  # the context or environment jinja2 passes
-
-            @functools.wraps(f)  # keeps jinja_pass_arg
-            def bounded(*args, **kwargs):
-                self.charge(1)
-                value, rest = (args[lead], args[lead + 1 :]) if len(args) > lead else (None, ())
-                self.check_args(rest, kwargs)
-                if name == "format":
-                    self.check_format(value)
-                self.check_amplified(name, value, rest, kwargs)
-                return self.sized(f(*args, **kwargs))
-
-            return bounded
-
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (the sandbox's own names)
-            __self.charge(1)
-            __self.check_args(args, kwargs)
-            fn = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
-            owner, name = getattr(fn, "__self__", None), getattr(fn, "__name__", "")
-            if isinstance(owner, str):
-                if name in ("format", "format_map"):
-                    __self.check_format(owner)
-                __self.check_amplified(name, owner, args, kwargs, method=True)
-            return __self.sized(super().call(__context, __obj, *args, **kwargs))
-
-        def call_binop(self, context, operator, left, right):
-            seqs = (str, list, tuple)
-            if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
-                bits = abs(left).bit_length() * right if abs(left) > 1 else 0
-                if bits > 8 * self.max_chars:
-                    raise _over("raises an integer to a power of bits about", bits, 8 * self.max_chars)
-            elif operator == "*":
-                for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, seqs) and isinstance(n, int) and len(seq) * n > self.max_chars:
-                        raise _over(f"repeats a {type(seq).__name__} to length", len(seq) * n, self.max_chars)
-            elif operator == "+" and isinstance(left, seqs) and isinstance(right, seqs):
-                if len(left) + len(right) > self.max_chars:
-                    raise _over("joins sequences to length", len(left) + len(right), self.max_chars)
-            elif operator == "%" and isinstance(left, str):
-                self.check_format(left)
-                self.check_args(right if isinstance(right, tuple) else (right,), {})
-            return self.sized(super().call_binop(context, operator, left, right))
-
-        def compile_chat_template(self, source: str):
-            """The template of ``source``, its loops, outputs and concatenations counted."""
-            tree = Bounded().visit(self.parse(source))
-            tree.set_environment(self)
-            return self.from_string(tree)
-
-    return ChatEnvironment
-
-
-class _Counted:
-    """A ``for`` loop's items, each charged as one step of the template's environment."""
-
-    __slots__ = ("_env", "_items")
-
-    def __init__(self, env, items):
-        self._env, self._items = env, items
-
-    def __len__(self):  # loop.length and loop.last, as jinja2 computes them
-        return len(self._items)
-
-    def __iter__(self):
-        for x in self._items:
-            self._env.charge(1)
-            yield x
-
-
-def _compile_chat_template(source: str, max_chars: int = _TEMPLATE_CHARS):
-    """``(environment, template)`` of a chat template; ``ValueError`` naming the GGUF key when it is
-    not valid jinja2 (a syntax error, an unknown filter or test)."""
-    env = _chat_environment()(max_chars)
-    try:
-        return env, env.compile_chat_template(source)
-    except _TemplateLimit:
-        raise
-    except Exception as e:  # jinja2's TemplateSyntaxError, or RecursionError for absurd nesting
-        where = f"line {e.lineno}: " if getattr(e, "lineno", None) else ""
-        msg = getattr(e, "message", None) or str(e)
-        raise ValueError(
-            f"tokenizer.chat_template is not a valid jinja2 template ({where}{type(e).__name__}: {msg})"
-        ) from e
 
 
 class ChatPrompt(str):
@@ -644,7 +396,7 @@ class Tokenizer:
         than guess where the content is.
 
         The template comes from the model file and is bounded like untrusted code: rendered in
-        jinja2's sandbox with its loops, calls and value sizes counted (``_chat_environment``);
+        jinja2's sandbox with its loops, calls and value sizes counted (:mod:`decoding._chat_template`);
         an error in it, or a rendering past those bounds, raises ``ValueError`` naming
         ``tokenizer.chat_template``.
 
@@ -681,8 +433,8 @@ class Tokenizer:
             raise ValueError("this model has no chat template (tokenizer.chat_template)")
         messages = self._check_messages(messages, allow_special_in_content)
         text_chars = sum(len(m["role"]) + len(m["content"]) for m in messages)
-        # a fresh environment per call: it counts this call's work (see _chat_environment)
-        env, tpl = _compile_chat_template(self.chat_template, _TEMPLATE_CHARS + 4 * text_chars)
+        # a fresh environment per call: it counts this call's work
+        env, tpl = compile_chat_template(self.chat_template, TEMPLATE_CHARS + 4 * text_chars)
         tok = self._id_to_token
 
         def render(msgs) -> str:
@@ -694,14 +446,14 @@ class Tokenizer:
                     bos_token=tok[self.bos_id] if self.bos_id is not None else "",
                     eos_token=tok[self.eos_id] if self.eos_id is not None else "",
                 )
-            except _TemplateLimit:
+            except TemplateLimit:
                 raise
             except Exception as e:  # jinja2's UndefinedError, SecurityError, ...; Python's OverflowError
                 raise ValueError(
                     f"tokenizer.chat_template failed to render these messages: {type(e).__name__}: {e}"
                 ) from e
             if len(text) > env.max_chars:
-                raise _over("renders a prompt of length", len(text), env.max_chars)
+                raise over("renders a prompt of length", len(text), env.max_chars)
             return text
 
         text = render(messages)

@@ -373,7 +373,7 @@ def _sampling(kind, n, p, r, delta, ell, options):
         )
         return out
     if ell is None:  # uniform without the design: the worst case over designs of coherence 1
-        ell_eff = None
+        ell_eff = pi = None
         kappa = float(n)  # max_i l_i / pi_i <= n
         cross = n * p  # sum_i l_i (1 - l_i) / pi_i <= n p
     else:
@@ -424,7 +424,15 @@ def _sampling(kind, n, p, r, delta, ell, options):
             "any fixed y",
         )
     )
-    # The paper's shapes (constants unknown: set to 1).
+    out += _sampling_shapes(kind, n, p, r, pi, ell_eff)
+    out.append(_sampling_lower_bound(kind, n, p, r, pi, ell_eff, options))
+    return out
+
+
+def _sampling_shapes(kind, n, p, r, pi, ell_eff) -> list[Bound]:
+    """The paper's forms for leverage and uniform sampling (constants unknown: set to 1); ``pi``
+    the sampling probabilities and ``ell_eff`` the leverage scores, None without the design."""
+    out = []
     if kind == "leverage" and ell_eff is not None:
         # ||S^T S|| ~ 1 / (r min_i pi_i): p / (r min_i l_i) for pure leverage sampling (pi = l / p).
         # Like the projections' forms it needs an embedding, r of order p log p (it read a finite
@@ -462,7 +470,12 @@ def _sampling(kind, n, p, r, delta, ell, options):
                 "constant C unknown (set to 1)",
             )
         )
-    # Lower bound on the mean: P(row i sampled) = q_i.
+    return out
+
+
+def _sampling_lower_bound(kind, n, p, r, pi, ell_eff, options) -> Bound:
+    """The lower bound on ``E[C_PE]`` of a sampling sketch: row ``i`` is in a draw with probability
+    ``q_i``, and a draw's ``C_PE >= p / tr(U^T P_S U)``."""
     if kind == "uniform" and not options.get("replace", True):
         lower = n / r
         formula = "n/r"
@@ -476,21 +489,18 @@ def _sampling(kind, n, p, r, delta, ell, options):
             q = -np.expm1(r * np.log1p(-pi))
         lower = p / float(np.sum(ell_eff * q))
         formula = "p / sum_i l_i (1 - (1 - pi_i)^r)"
-    out.append(
-        Bound(
-            "pe",
-            "lower",
-            lower,
-            formula,
-            DERIVED,
-            None,
-            True,
-            "mean",
-            "",
-            "E[C_PE] over all draws (rank-deficient draws count as +inf); per draw C_PE >= p / tr(U^T P_S U)",
-        )
+    return Bound(
+        "pe",
+        "lower",
+        lower,
+        formula,
+        DERIVED,
+        None,
+        True,
+        "mean",
+        "",
+        "E[C_PE] over all draws (rank-deficient draws count as +inf); per draw C_PE >= p / tr(U^T P_S U)",
     )
-    return out
 
 
 def _sparse(kind, n, p, r, delta, ell, options):

@@ -232,21 +232,42 @@ class SketchOperator:
             f"and {k} column(s) (the {self.sketch_size} x {k} output and the kernel's work arrays)",
             "use a smaller sketch_size or apply the sketch to fewer columns at a time",
         )
-        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite output is checked below
-            if sp.issparse(A):
-                out = self._apply_sparse(A)
-            elif isinstance(A, np.ndarray):
-                out = self._apply_numpy(A)
-            elif array_api_compat.is_cupy_array(A):  # on the GPU: the CUDA kernels
-                from rsketch.kernels.cuda import sketch_apply
-
-                out = sketch_apply(self, A)
-            else:
-                out = self._reference_apply(A)
+        out = self._apply(A)
         xo = array_namespace(out)
         if self._nonfinite_propagates and not bool(xo.all(xo.isfinite(out))):
             check_finite(A, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
+            if sp.issparse(A) or isinstance(A, np.ndarray):
+                out = self._apply_column_scaled(A)
         return out[:, 0] if is_vector else out
+
+    def _apply(self, A):
+        """``S @ A`` of a checked ``A`` by the path its kind of array takes."""
+        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite output is checked after
+            if sp.issparse(A):
+                return self._apply_sparse(A)
+            if isinstance(A, np.ndarray):
+                return self._apply_numpy(A)
+            if array_api_compat.is_cupy_array(A):  # on the GPU: the CUDA kernels
+                from rsketch.kernels.cuda import sketch_apply
+
+                return sketch_apply(self, A)
+            return self._reference_apply(A)
+
+    def _apply_column_scaled(self, A):
+        """``S @ A`` again, each column of ``A`` scaled by a power of two to a largest entry in [1, 2).
+
+        The kernels sum unscaled entries (a Gaussian's N(0, 1), the transforms' +-1 sums) and scale
+        last, so a finite ``S @ A`` could overflow on the way (two entries of ``1e308`` gave ``inf``
+        where every exact entry was below ``5.3e307``). Scaling by powers of two is exact; scaled
+        back, an entry is infinite only where ``S @ A`` itself is beyond the float range."""
+        peak = abs(A).max(axis=0)
+        peak = peak.toarray().ravel() if sp.issparse(peak) else np.asarray(peak).ravel()
+        _, e = np.frexp(peak.astype(np.float64))  # peak = m 2**e, m in [0.5, 1): columns of 0 give 0
+        up = np.ldexp(1.0, e - 1).astype(A.dtype)
+        down = np.ldexp(1.0, 1 - e).astype(A.dtype)
+        scaled = A @ sp.diags(down) if sp.issparse(A) else A * down
+        with np.errstate(over="ignore"):  # beyond the range: inf, as IEEE arithmetic has it
+            return self._apply(sp.csr_matrix(scaled) if sp.issparse(A) else scaled) * up
 
     # Bytes that S @ A (k columns of the given itemsize) and S.T @ Z allocate: the output and the
     # kernels' work arrays. The defaults are those of the block-summation paths below.

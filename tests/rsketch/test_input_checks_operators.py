@@ -297,3 +297,27 @@ def test_integers_too_long_to_print_are_named_by_their_size():
         rsketch.make_sketch("gaussian", 10, -(10**5000))
     with pytest.raises(ValueError, match=r"sketch_size must be >= 1, got -3$"):
         rsketch.make_sketch("gaussian", 10, -3)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "srht", "srdct", "countsketch", "sparse_sign"])
+@pytest.mark.parametrize("sparse_input", [False, True])
+def test_a_finite_product_near_the_float_range_is_finite(kind, sparse_input):
+    # The kernels sum unscaled entries and scale last: two entries of 1e308 made S @ A infinite
+    # (Gaussian 26 entries, SRDCT 100, SRHT 54) where every exact entry was below 5.3e307
+    import scipy.sparse as sparse
+
+    A = np.random.default_rng(0).standard_normal((3000, 4))
+    A[10, 1] = A[11, 1] = 1e308
+    S = rsketch.make_sketch(kind, 3000, 100, seed=3)
+    exact = S.to_dense() @ A
+    assert np.isfinite(exact).all()
+    got = S @ (sparse.csr_matrix(A) if sparse_input else A)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, exact, rtol=1e-10, atol=1e-12 * np.abs(exact).max())
+
+
+def test_a_product_beyond_the_float_range_is_still_infinite():
+    S = rsketch.CountSketch(4, 1, seed=0)
+    signs = S.to_dense()[0]
+    got = S @ (1e308 * signs[:, None])  # exactly 4e308: beyond the range
+    assert np.isposinf(got).all()

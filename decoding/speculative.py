@@ -763,6 +763,41 @@ def _padded_prefill(model, cache, queue: SlotQueue, seq, prompts, key_valid):
     return admitted, logits
 
 
+class _Contexts:
+    """``contexts(i)``: sample ``i``'s prompt and tokens so far, a view of a buffer (the prompt, then
+    room for ``max_new_tokens``) that only the new tokens are copied into (building it anew each
+    step cost O(context) per sample and step). ``tokens[i]`` is the sample's list of generated
+    tokens, read at each call.
+
+    Examples
+    --------
+    >>> toks = [[7]]
+    >>> contexts = _Contexts([np.array([1, 2])], toks, max_new_tokens=4)
+    >>> toks[0].append(8); contexts(0).tolist()
+    [1, 2, 7, 8]
+    """
+
+    def __init__(self, prompts, tokens, max_new_tokens: int):
+        self.prompts, self.tokens, self.max_new_tokens = prompts, tokens, max_new_tokens
+        self.held: dict = {}  # sample -> (its buffer, generated tokens copied into it)
+
+    def __call__(self, i: int) -> np.ndarray:
+        P, toks = self.prompts[i].size, self.tokens[i]
+        if i not in self.held:
+            buf = np.empty(P + self.max_new_tokens, dtype=np.int64)
+            buf[:P] = self.prompts[i]
+            self.held[i] = (buf, 0)
+        buf, n = self.held[i]
+        if len(toks) > n:
+            buf[P + n : P + len(toks)] = toks[n:]
+            self.held[i] = (buf, len(toks))
+        return buf[: P + len(toks)]
+
+    def drop(self, i: int) -> None:
+        """Sample ``i`` finished: its buffer goes."""
+        self.held.pop(i, None)
+
+
 def speculative_generate(
     model,
     tokenizer,
@@ -840,21 +875,7 @@ def speculative_generate(
     stats = SpeculativeStats.for_samples(B)
     drafter.begin(prompts, references, sampling, noise, max_new_tokens=max_new_tokens, max_active=queue.slots)
 
-    held: dict = {}  # sample -> (its context buffer: prompt, then room for max_new_tokens; tokens in it)
-
-    def context(i: int) -> np.ndarray:
-        """Sample ``i``'s prompt and tokens so far: a view of a buffer that only the new tokens are
-        copied into (building it anew each step cost O(context) per sample and step)."""
-        P, toks = prompts[i].size, outs.tokens[i]
-        if i not in held:
-            buf = np.empty(P + max_new_tokens, dtype=np.int64)
-            buf[:P] = prompts[i]
-            held[i] = (buf, 0)
-        buf, n = held[i]
-        if len(toks) > n:
-            buf[P + n : P + len(toks)] = toks[n:]
-            held[i] = (buf, len(toks))
-        return buf[: P + len(toks)]
+    context = _Contexts(prompts, outs.tokens, max_new_tokens)
 
     def finished(i: int, tokens) -> bool:
         """Emit sample ``i``'s new tokens; when it finished, free its cache region and its drafter."""
@@ -862,7 +883,7 @@ def speculative_generate(
             return False
         cache.release(int(seq[i]))
         drafter.end(i)
-        held.pop(i, None)
+        context.drop(i)
         return True
 
     def start(new, logits) -> list[int]:

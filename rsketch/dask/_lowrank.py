@@ -17,6 +17,7 @@ import numpy as np
 import scipy.linalg
 
 from rsketch.dask._sketch import check_dask_operand
+from rsketch.linalg import _common
 
 # As rsketch.linalg._lowrank.CHOLQR_MAX_COND: CholeskyQR2 is orthonormal to O(u) below it.
 CHOLQR_MAX_COND = {np.dtype(np.float64): 1e5, np.dtype(np.float32): 1e2}
@@ -146,19 +147,37 @@ def rest_in_range(A, Q, columns, bound):
     return bool(np.all(norms <= bound))  # False for NaN
 
 
+def _chunk_norms(block):
+    """The column norms of one chunk as a ``(1, k)`` partial, scaled where their squares leave the range."""
+    return _common.column_norms(np.asarray(block))[None]
+
+
+def column_norms(R):
+    """The Euclidean norm of each column of a Dask ``R``, on the client: one pass.
+
+    The square roots of Dask's column sums of squares; the columns where those may be wrong (squares
+    that overflow, from entries of about ``1e154``, or underflow, below ``1e-154``: 0 at ``2**-600``)
+    from the same pass's partials instead, the norms of each chunk by
+    :func:`rsketch.linalg._common.column_norms` (the in-memory estimate's: scaled where needed),
+    combined by it again.
+    """
+    import dask
+
+    parts = R.map_blocks(_chunk_norms, chunks=((1,) * R.numblocks[0], R.chunks[1]), dtype=R.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares, parts = dask.compute((R * R).sum(axis=0), parts)
+    norms = np.sqrt(np.asarray(squares))
+    redo = _common._suspect(norms)
+    if redo.any():
+        norms[redo] = _common.column_norms(np.asarray(parts)[:, redo])
+    return norms
+
+
 def estimate_error(A, approx, W):
     """HMT (4.3) for a Dask ``A``: ``max_i ||A w_i - approx(w_i)||`` over the columns of ``W``
     (the caller scales it); ``approx(W)`` is a Dask array (``U (s Vt W)``, ``Q (Q.T A W)``). One pass."""
-    import dask
-
     R = (A @ W - approx(W)).persist()
-    with np.errstate(over="ignore", invalid="ignore"):
-        squares, top = dask.compute((R * R).sum(axis=0), abs(R).max(axis=0))
-    norms = np.sqrt(np.asarray(squares))
-    if not np.isfinite(norms).all():  # squares beyond the range (entries from 1e154): scaled
-        top = np.where(np.asarray(top) > 0, np.asarray(top), 1.0)
-        norms = top * np.sqrt(np.asarray(((R / top) ** 2).sum(axis=0).compute()))
-    return float(norms.max())
+    return float(column_norms(R).max())
 
 
 def flip_signs(U, Vt):

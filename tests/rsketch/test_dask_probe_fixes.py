@@ -59,3 +59,24 @@ def test_lowrank_passes_are_the_reads_of_a(function, method, passes):
     assert reads.count == 6 * res.passes
     ref = getattr(rsketch, function)(A, 3, oversample=5, passes=passes, method=method, seed=0)
     assert res.passes == ref.passes + 1  # the estimate's probes take a pass of their own on Dask
+
+
+# ------------------------------------------- 2: the error estimate's column norms at tiny (and huge) scale
+@pytest.fixture(scope="module")
+def decaying():
+    rng = np.random.default_rng(3)
+    Q = np.linalg.qr(rng.standard_normal((20, 20)))[0]
+    return (rng.standard_normal((2000, 20)) * np.exp(-np.arange(20) / 3)) @ Q
+
+
+@pytest.mark.parametrize("exponent", [-560, -600, 600])
+@pytest.mark.parametrize("function", ["svd", "range_finder"])
+def test_error_estimate_on_dask_at_any_scale(decaying, exponent, function):
+    A = np.ldexp(decaying, exponent)
+    ours = getattr(rsketch, function)(da.from_array(A, chunks=500), 4, seed=0)
+    ref = getattr(rsketch, function)(A, 4, seed=0)
+    unscaled = getattr(rsketch, function)(da.from_array(decaying, chunks=500), 4, seed=0)
+    # the residual's squares underflowed to 0 (an estimate of 0 at 2**-560 and 2**-600, where in memory
+    # it was 7e-167 and 6e-179)
+    assert ours.error_estimate == pytest.approx(ref.error_estimate, rel=1e-10, abs=0)
+    assert ours.error_estimate == pytest.approx(np.ldexp(unscaled.error_estimate, exponent), rel=1e-10, abs=0)

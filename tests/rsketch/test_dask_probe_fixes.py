@@ -80,3 +80,31 @@ def test_error_estimate_on_dask_at_any_scale(decaying, exponent, function):
     # it was 7e-167 and 6e-179)
     assert ours.error_estimate == pytest.approx(ref.error_estimate, rel=1e-10, abs=0)
     assert ours.error_estimate == pytest.approx(np.ldexp(unscaled.error_estimate, exponent), rel=1e-10, abs=0)
+
+
+# -------------------------------------------- 3: qr_pivoted's rank check at tiny scale, in memory and on Dask
+@pytest.fixture(scope="module")
+def spike():
+    """Four Gaussian columns and a fifth of one nonzero row, which a uniform sample of rows misses."""
+    A = np.zeros((4000, 5))
+    A[:, :4] = np.random.default_rng(0).standard_normal((4000, 4))
+    A[1234, 4] = 1.0
+    return A
+
+
+@pytest.mark.parametrize("exponent", [-600, -300, 300])
+def test_qr_pivoted_rank_check_at_any_scale_in_memory(spike, exponent):
+    ref = rsketch.qr_pivoted(spike, sketch="uniform", seed=0)
+    res = rsketch.qr_pivoted(np.ldexp(spike, exponent), sketch="uniform", seed=0)
+    # at 2**-600 the left-out column's squared norm underflowed to 0: accepted, rank 4 and
+    # ||A P - Q R|| / ||A|| = 7.9e-3; at scale 1 the check fails and geqp3 factors A (rank 5)
+    assert ref.rank == res.rank == 5
+    np.testing.assert_array_equal(res.perm, ref.perm)
+    np.testing.assert_allclose(res.Q, ref.Q, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(np.ldexp(res.R, -exponent), ref.R, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("exponent", [0, -600, -300, 300])
+def test_qr_pivoted_rank_check_at_any_scale_on_dask(spike, exponent):
+    with pytest.raises(ValueError, match="the sketch did not reveal A's rank: it found 4 of 5 columns"):
+        rsketch.qr_pivoted(da.from_array(np.ldexp(spike, exponent), chunks=1000), sketch="uniform", seed=0)

@@ -402,14 +402,15 @@ def _gather_rows_t_kernel(buf, rows, scale, c0, out):
         e += cuda.gridsize(1)
 
 
-# Values of the transform buffer per group of columns (2 GiB in float64).
+# Values of the transform buffer per group of columns (2 GiB in float64; one column if it is larger).
 _SRHT_BUFFER = 1 << 28
 
 
 def srht_apply(k0, k1, stream, n_pad, rows, scale, A, out):
     """``out = scale * (H D A_pad)[rows]`` (as the CPU kernel): signs, FWHT and gather on the device.
 
-    Columns are transformed in groups whose ``(group, n_pad)`` buffer stays below 2 GiB.
+    Columns are transformed in groups whose ``(group, n_pad)`` buffer stays below 2 GiB (float64),
+    or one column at a time where one column is larger (``n_pad > 2**28``: 8 GiB at ``2**30``).
     """
     xp = array_module(A)
     k = A.shape[1]

@@ -274,11 +274,16 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
     if d >= m and not isinstance(sketch, SketchOperator):  # no sketch is smaller than A itself
         return _householder_of(A, tol)
     SA = _sketch(A, sketch, d, seed)
-    if not np.isfinite(SA).all():  # a finite A whose sketch overflows (entries near 1e308)
+    R_sk = None
+    if np.isfinite(SA).all():
+        _, R_sk, perm = scipy.linalg.qr(SA, mode="economic", pivoting=True, check_finite=False)
+    # A finite A whose sketch, or the sketch's triangle, overflows (entries near 1e308). A finite sketch
+    # of entries up to 1.4e308 (the operators rescale a product that overflowed) had pivots of inf,
+    # which made the rank 0 and its check's bound inf: Q R = 0 was returned for a nonzero A.
+    if R_sk is None or not np.isfinite(R_sk).all():
         if is_dask_array(A):
             dask_lowrank.refuse_nonfinite(A)
         return _householder(A, tol)  # NaN/inf refused there; LAPACK scales huge entries safely
-    _, R_sk, perm = scipy.linalg.qr(SA, mode="economic", pivoting=True, check_finite=False)
     eps = np.finfo(A.dtype).eps
     # max(m, n) eps, as the geqp3 path and NumPy's matrix_rank: the rank is A's. With max(d, n) eps
     # (d the sketch's rows) singular values 1e-14 of a 2000 x 30 A counted at d = 60 and not at d = 200.

@@ -108,3 +108,13 @@ def test_qr_pivoted_rank_check_at_any_scale_in_memory(spike, exponent):
 def test_qr_pivoted_rank_check_at_any_scale_on_dask(spike, exponent):
     with pytest.raises(ValueError, match="the sketch did not reveal A's rank: it found 4 of 5 columns"):
         rsketch.qr_pivoted(da.from_array(np.ldexp(spike, exponent), chunks=1000), sketch="uniform", seed=0)
+
+
+def test_qr_pivoted_of_entries_near_the_overflow_threshold_is_refused():
+    # The operators now rescale an S @ A that overflowed: the sketch is finite (entries to 1.4e308), its
+    # QRCP's pivots inf, and the rank came out 0 with Q R = 0 for a nonzero A, in memory and on Dask.
+    A = np.random.default_rng(0).standard_normal((600, 20)) * 1e307
+    with np.errstate(over="ignore"), pytest.raises(ValueError, match="column norms exceed the float64 range"):
+        rsketch.qr_pivoted(A, seed=0)
+    with pytest.raises(ValueError, match="the products of A are not finite"):
+        rsketch.qr_pivoted(da.from_array(A, chunks=200), seed=0)

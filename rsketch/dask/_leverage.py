@@ -14,6 +14,9 @@ from rsketch.operators.gaussian import GaussianSketch
 from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, LeverageSampling, check_uniform_mix
 from rsketch.operators.srht import SRHT
 
+#: Passes over ``A`` that :func:`leverage_sampling` makes for its scores (:func:`approximate_leverage`).
+SCORE_PASSES = 2
+
 
 def approximate_leverage(A, key) -> np.ndarray:
     """Approximate leverage scores of a Dask ``A``, as ``rsketch.operators.sampling.approximate_leverage``.

@@ -162,6 +162,9 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
         last one's is clearly larger (:data:`CLEARLY_WORSE`).
     """
     design = design_for(X)
+    # Dask: log.passes (the passes lstsq made, or None in memory) grows by each iteration's two
+    counted = hasattr(design, "passes")
+    passes_before = log.passes or 0
     n, p = X.shape
     k = Y.shape[1]
     level = stable_level(p) if backward_tol is None else max(backward_tol, stable_level(p))
@@ -179,6 +182,8 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
         t1 = time.perf_counter()
         S = fresh_sketch(S0, t)
         SX = apply_sketch(S, X)
+        if counted:  # the gradients' passes (the design counts them) and t + 1 sketches
+            log.passes = passes_before + design.passes + t + 1
         t2 = time.perf_counter()
         factor = sketched_factor(SX)
         M, s_values, rank = factor.M, factor.s, factor.rank

@@ -18,6 +18,7 @@ from rsketch._validation import (
     check_option,
     check_seed,
 )
+from rsketch.dask._leverage import SCORE_PASSES
 from rsketch.dask._sketch import is_dask_array
 from rsketch.linalg._common import (
     SKETCH_KINDS,
@@ -185,6 +186,9 @@ def lstsq(
     direct = _solves_directly(sketch, sketch_size, method, n, p)
     S, r = (None, n) if direct else resolve_sketch(sketch, n, p, sketch_size, method, seed, X)
     log = SolverLog()
+    if is_dask_array(X) and not direct:  # docs/dask.md: log.passes counts every pass over X
+        # the approximate leverage scores' passes, where lstsq computed them (rsketch.dask.leverage_sampling)
+        log.passes = SCORE_PASSES if isinstance(sketch, str) and sketch == "leverage" else 0
     if direct and is_dask_array(X):
         # No sketch is smaller than X, and S X would come to the client whole (r = n rows): X itself
         # does, in one pass over its chunks, and is solved as in memory (a square sketch gave
@@ -200,6 +204,8 @@ def lstsq(
         coef, rank, rnorm, iterations, converged = _direct_solve(X, Y, log)
     elif method == "ihs":
         X, x_shift = scale_design(X)
+        if log.passes is not None:  # Dask: X's largest entry; ihs adds its iterations' passes
+            log.passes += 1
         # A tol given sets the backward error asked for too (at least the stable level ihs uses).
         coef, iterations, converged, rnorm, rank, shortfall = ihs(
             X,
@@ -221,7 +227,7 @@ def lstsq(
         prefetch = method == "precondition" and inner_solver != "cg" and p <= GRAM_MAX_P
         prefetch = prefetch and hasattr(design, "sketch_with_normal_equations")
         first = (lambda S, X: design.sketch_with_normal_equations(S, Y)) if prefetch else None
-        X, SX, x_shift = sketch_design(S, X, first_pass=first)
+        X, SX, x_shift, sketch_passes = sketch_design(S, X, first_pass=first)
         if x_shift:  # rescaled: products of the new X
             design = design_for(X)
         SY = S @ Y
@@ -249,8 +255,9 @@ def lstsq(
                 worst = float(np.max(log.backward_error))
                 warn_not_converged(method, iterations, worst, tol, what="backward error estimate")
         log.iterate = time.perf_counter() - t3
-        if hasattr(design, "passes"):  # Dask: the sketch's passes (3 when X was rescaled) and the design's
-            log.passes = (0 if prefetch and not x_shift else 1 if not x_shift else 3) + design.passes
+        if hasattr(design, "passes"):  # Dask: the scores', the sketch's (1 to 3) and the design's passes
+            # the first pass, prefetched, is the design's too where it is still the design in use
+            log.passes += sketch_passes - (1 if prefetch and not x_shift else 0) + design.passes
     coef = unscale(coef, x_shift, y_shift)  # exact: powers of two
     rnorm = np.ldexp(rnorm, y_shift)
     log.total = time.perf_counter() - t_start

@@ -54,9 +54,9 @@ class SolverLog:
         gradients, a pass over ``X`` per iteration), ``"gram"`` (a Cholesky solve with ``X.T X``,
         computed once), or ``"gram+cg"`` (Gram solves, then CG once they stopped paying); else ``""``.
     passes : int or None
-        Dask ``X`` with ``"precondition"`` or ``"sketch_and_solve"``: the passes over ``X`` (each a
-        map-reduce over its chunks: the sketch, ``X.T X``, gradients, CG iterations, the residual);
-        None otherwise.
+        Dask ``X``: the passes over ``X``, each a map-reduce over its chunks (the leverage scores', the
+        sketch's and its range check's, ``X.T X``, gradients, CG iterations, the residual; IHS: ``X``'s
+        largest entry, then a gradient and a sketch per iteration); None otherwise.
 
     Examples
     --------

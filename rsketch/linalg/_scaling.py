@@ -83,19 +83,21 @@ def scale_design(X):
 
 
 def sketch_design(S, X, first_pass=None):
-    """``(X', S X', a)`` with ``X' = X 2^-a``: ``S X`` judges the range; ``X`` is read again only if off.
+    """``(X', S X', a, passes)`` with ``X' = X 2^-a``: ``S X`` judges the range; ``X`` is read again only
+    if off. ``passes`` counts the reads of ``X`` (1: the sketch; 2: and its largest entry; 3: and the
+    sketch of ``X'``), which Dask input logs.
 
     ``first_pass(S, X)``, if given, computes ``S X`` (with whatever else that pass gives).
     """
     SX = (first_pass or apply_sketch)(S, X)
     amax = float(_max_abs(SX))
     if math.isfinite(amax) and _shift(amax) == 0:
-        return X, SX, 0
+        return X, SX, 0, 1
     shift = _shift(float(_max_abs(X)))  # the sketch overflowed or is out of range: scale by X itself
     if shift == 0:
-        return X, SX, 0
+        return X, SX, 0, 2
     X = _ldexp(X, shift)
-    return X, apply_sketch(S, X), shift
+    return X, apply_sketch(S, X), shift, 3
 
 
 def unscale(coef: np.ndarray, x_shift: int, y_shifts: np.ndarray) -> np.ndarray:

@@ -118,3 +118,34 @@ def test_qr_pivoted_of_entries_near_the_overflow_threshold_is_refused():
         rsketch.qr_pivoted(A, seed=0)
     with pytest.raises(ValueError, match="the products of A are not finite"):
         rsketch.qr_pivoted(da.from_array(A, chunks=200), seed=0)
+
+
+# --------------------------------------------------------- 4: lstsq's log.passes counts every pass over X
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((4000, 6))
+    return X, X @ np.arange(6.0) + rng.standard_normal(4000)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"sketch": "leverage"},  # reported 3, read 5: the scores' two passes
+        {"sketch": "leverage", "method": "sketch_and_solve"},  # reported 2, read 4
+        {"method": "ihs"},  # None; 71 passes in the probe
+        {"method": "ihs", "sketch": "leverage"},
+        {"inner_solver": "cg"},
+    ],
+)
+@pytest.mark.parametrize("scale", [1.0, 2.0**700, 2.0**199.5])
+def test_lstsq_log_passes_are_the_reads_of_x(problem, options, scale):
+    X, y = problem
+    # 2**700: X is rescaled (the sketch, X's largest entry, the sketch again); 2**199.5: the sketch
+    # leaves the safe range, X's largest entry is read and is inside it (two passes, reported as one)
+    X = X / np.abs(X).max() * scale
+    D, reads = counted(X, 1000)  # 4 chunks: a sampled sketch reads all (it reads only chunks it samples)
+    res = rsketch.lstsq(D, y, seed=0, **options)
+    assert res.converged
+    assert reads.count == 4 * res.log.passes

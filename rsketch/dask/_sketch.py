@@ -47,16 +47,22 @@ def is_dask_array(A) -> bool:
     return array_api_compat.is_dask_array(A)
 
 
-def _check_numpy_chunks(A, name: str) -> None:
-    """Refuse a Dask array whose chunks are not plain NumPy arrays, judged lazily by its ``_meta``.
+def _check_numpy_chunks(A, name: str):
+    """``A`` with plain NumPy chunks: refuse a Dask array whose chunks are not NumPy arrays, judged
+    lazily by its ``_meta``, and map those of an unmasked subclass (``np.matrix``) to ``ndarray``.
 
     The per-chunk kernels index, slice and multiply NumPy blocks: sparse chunks met them only at
     compute time, as NumPy's "setting an array element with a sequence" or "matmul: dimension
     mismatch"; masked chunks were read under their mask (in memory a masked ``A`` is refused).
+    ``np.matrix`` chunks, let through as NumPy data, made ``*`` a matrix product and Dask's reductions
+    fail to build their meta (``S @ A`` of a sampling sketch, ``lstsq``, ``svd``, the estimators and
+    ``leverage_sampling`` raised NumPy's shape errors); in memory such an ``A`` is a plain array too.
     """
     meta = A._meta
+    if type(meta) is np.ndarray:
+        return A
     if isinstance(meta, np.ndarray) and not isinstance(meta, np.ma.MaskedArray):
-        return  # np.matrix and other unmasked subclasses hold NumPy data the kernels read as is
+        return A.map_blocks(np.asarray, meta=np.empty((0,) * A.ndim, dtype=A.dtype))
     module = type(meta).__module__
     kind = f"{'scipy.sparse' if module.startswith('scipy.sparse') else module}.{type(meta).__name__}"
     if isinstance(meta, np.ma.MaskedArray):
@@ -88,7 +94,8 @@ def check_dask_operand(A, rows, name: str = "A", rows_label: str | None = None):
     Raises ``ValueError`` for unknown chunk sizes (call ``A.compute_chunk_sizes()``), a wrong number
     of rows, an empty array or more than two dimensions; ``TypeError`` for complex or non-numeric
     dtypes, and for chunks that are not NumPy arrays (SciPy sparse, masked, CuPy: seen in
-    ``A._meta``). Integer input becomes float64, float16 float32, as in memory. Chunks of length
+    ``A._meta``); chunks of an ndarray subclass (``np.matrix``) become plain arrays, as in memory.
+    Integer input becomes float64, float16 float32, as in memory. Chunks of length
     zero (left by a filter) are dropped; the other chunks are kept as they are.
 
     Examples
@@ -106,7 +113,7 @@ def check_dask_operand(A, rows, name: str = "A", rows_label: str | None = None):
     >>> y.chunks, check_dask_operand(y, 5)[0].chunks
     (((0, 5),), ((5,), (1,)))
     """
-    _check_numpy_chunks(A, name)
+    A = _check_numpy_chunks(A, name)
     if any(math.isnan(c) for dim in A.chunks for c in dim):
         raise ValueError(
             f"{name} has unknown chunk sizes (from boolean indexing or a filter): "

@@ -149,3 +149,30 @@ def test_lstsq_log_passes_are_the_reads_of_x(problem, options, scale):
     res = rsketch.lstsq(D, y, seed=0, **options)
     assert res.converged
     assert reads.count == 4 * res.log.passes
+
+
+# ------------------------------------------------ 5: Dask arrays of np.matrix chunks give the ndarray results
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix's own
+def test_dask_array_of_matrix_chunks_is_read_as_plain_arrays():
+    X = np.random.default_rng(0).standard_normal((3000, 4))
+    y = X.sum(axis=1) + 1
+    M = da.from_array(np.asmatrix(X), chunks=(700, 4))
+    D = da.from_array(X, chunks=(700, 4))
+    assert type(M._meta) is np.matrix  # the chunks are np.matrix ("*" a matrix product)
+    for kind in ("uniform", "srht", "gaussian"):
+        S = rsketch.make_sketch(kind, 3000, 100, seed=1)
+        SM = (S @ M).compute()
+        assert type(SM) is np.ndarray
+        np.testing.assert_array_equal(SM, (S @ D).compute())
+    np.testing.assert_array_equal(
+        rsketch.lstsq(M, y, seed=0, sketch="uniform").coef, rsketch.lstsq(D, y, seed=0, sketch="uniform").coef
+    )
+    ours, ref = rsketch.svd(M, 2, seed=0), rsketch.svd(X, 2, seed=0)
+    np.testing.assert_allclose(ours.s, ref.s, rtol=1e-12)
+    assert type(ours.U.compute()) is np.ndarray
+    fit = rsketch.SketchedLinearRegression(random_state=0).fit
+    np.testing.assert_array_equal(fit(M, y).coef_, fit(D, y).coef_)
+    assert type(fit(M, y).predict(M).compute()) is np.ndarray
+    sampled = [rsketch.dask.leverage_sampling(A, 100, seed=0).indices() for A in (M, D)]
+    np.testing.assert_array_equal(*sampled)
+    assert rsketch.qr_pivoted(M, seed=0).rank == 4

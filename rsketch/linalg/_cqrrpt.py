@@ -339,7 +339,9 @@ def _dask_cqrrpt(A, SA, R_sk, perm, rank, bound):
         Q, R = np.zeros((m, 0), A.dtype), np.zeros((0, n), A.dtype)
     else:
         Q, R_pre = dask_lowrank.cqrrpt(A[:, perm[:rank]], SA, rank, R_sk)
-        R = R_pre @ R_sk[:rank, :]
+        # In A's precision, as in memory (a float32 R_pre times R_sk; R was float64 for float32 A): the
+        # R_pre that Q = A_pre R_pre^-1 was formed with, so Q R is A P to that rounding.
+        R = R_pre.astype(A.dtype, copy=False) @ R_sk[:rank, :]
     if rank < n and not dask_lowrank.rest_in_range(A, None if rank == 0 else Q, perm[rank:], bound):
         raise ValueError(
             f"the sketch did not reveal A's rank: it found {rank} of {n} columns, and the others do not "

@@ -176,3 +176,15 @@ def test_dask_array_of_matrix_chunks_is_read_as_plain_arrays():
     sampled = [rsketch.dask.leverage_sampling(A, 100, seed=0).indices() for A in (M, D)]
     np.testing.assert_array_equal(*sampled)
     assert rsketch.qr_pivoted(M, seed=0).rank == 4
+
+
+# ----------------------------------------------------------- 6: qr_pivoted keeps float32 for Dask input
+def test_qr_pivoted_of_float32_dask_input_returns_float32():
+    A = np.random.default_rng(0).standard_normal((5000, 12)).astype(np.float32)
+    ref = rsketch.qr_pivoted(A, seed=0)
+    res = rsketch.qr_pivoted(da.from_array(A, chunks=1000), seed=0)
+    assert ref.R.dtype == res.R.dtype == res.Q.dtype == np.float32  # R was float64
+    np.testing.assert_array_equal(res.perm, ref.perm)
+    np.testing.assert_allclose(res.R, ref.R, rtol=0, atol=1e-5 * np.abs(ref.R).max())
+    Q = res.Q.compute()
+    assert np.linalg.norm(A[:, res.perm] - Q @ res.R) <= 1e-6 * np.linalg.norm(A)

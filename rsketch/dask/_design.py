@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from rsketch._validation import check_finite
-from rsketch.dask._sketch import CHUNK_PRODUCTS, SPLIT_EVERY, check_dask_operand, is_dask_array, row_offsets
+from rsketch.dask._sketch import CHUNK_PRODUCTS, check_dask_operand, is_dask_array, row_offsets, tree_sum
 from rsketch.kernels import cpu
 from rsketch.linalg._backward_error import two_sum
 
@@ -93,7 +93,10 @@ def _gram_matrix_part(Xb):
 
 def _normal_part(Xb, Yb):
     Xb = np.ascontiguousarray(Xb, dtype=np.float64)
-    return _finite(Xb, Xb.T @ Xb, Xb.T @ Yb)
+    # As _first_pass_part: a finite X near the range overflows here (X of 1e250 warned), and the solver
+    # rescales it and computes the normal equations again, as in memory, where no such warning came
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _finite(Xb, Xb.T @ Xb, Xb.T @ Yb)
 
 
 def _first_pass_part(Xb, Yb, S, a):
@@ -186,7 +189,8 @@ class DaskDesign:
                 normal = dask.delayed(_normal_part, pure=True)
                 parts = [normal(Xb, Yb) for Xb, Yb in zip(self._blocks(), self._y_blocks(Y), strict=True)]
                 SX, parts = dask.compute(S @ self.X, parts)
-                G, XtY = sum(part[0] for part in parts), sum(part[1] for part in parts)
+                with np.errstate(invalid="ignore", over="ignore"):  # overflow: as in _normal_part
+                    G, XtY = sum(part[0] for part in parts), sum(part[1] for part in parts)
             else:
                 (r, p), k = (S.sketch_size, self.shape[1]), Y.shape[1]
                 task = dask.delayed(_first_pass_part, pure=True)
@@ -196,13 +200,14 @@ class DaskDesign:
                         self._blocks(), self._y_blocks(Y), row_offsets(self.X.chunks[0]), strict=True
                     )
                 ]
-                total = da.concatenate(parts).sum(axis=0, split_every=SPLIT_EVERY).compute()
+                total = tree_sum(da.concatenate(parts)).compute()
                 SX, G, XtY = total[:r, :p], total[r:, :p], total[r:, p:]
         except ValueError as exc:  # the sketch's check names its operand A; here it is X
             if "NaN or infinite" not in str(exc):
                 raise
             raise ValueError("X contains NaN or infinite values") from exc
-        self._normal = ((G + G.T) / 2, XtY, Y)
+        with np.errstate(invalid="ignore", over="ignore"):
+            self._normal = ((G + G.T) / 2, XtY, Y)
         return np.asarray(SX)
 
     def first_gradient(self, Y, B):

@@ -220,6 +220,28 @@ def _checked_rows(block):
     return block
 
 
+def _scaled_rows(block, scales, block_info=None):
+    """The sampled rows ``block`` times their scales (``scales[a:b]`` for the block's rows ``a:b``)."""
+    (a, b), _ = block_info[0]["array-location"]
+    with np.errstate(over="ignore"):  # finite rows near the range overflow: the caller checks, as in memory
+        return block * scales[a:b, None]
+
+
+def _quiet_sum(x, axis=None, keepdims=False, **kwargs):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.sum(x, axis=axis, keepdims=keepdims, **kwargs)
+
+
+def tree_sum(parts):
+    """``parts.sum(axis=0, split_every=SPLIT_EVERY)`` (the same tree, the same sums) without NumPy's
+    warnings where partials of a finite ``A`` near the float range overflow: ``S @ A`` in memory
+    computes under ``np.errstate`` and checks its output, and the solvers rescale ``A`` (data of
+    ``1e307`` warned at every node of the tree)."""
+    import dask.array as da
+
+    return da.reduction(parts, _quiet_sum, _quiet_sum, axis=0, dtype=parts.dtype, split_every=SPLIT_EVERY)
+
+
 # ------------------------------------------------------------------------------------------ products
 def sketch_dask(S, A):
     """``S @ A`` for a Dask array ``A``: a lazy Dask array of shape ``(r, k)`` (or ``(r,)``).
@@ -258,7 +280,7 @@ def sketch_dask(S, A):
             meta=np.empty((0, 0, 0)),
             token=f"rsketch-{S.kind}-partial",
         )
-        out = parts.sum(axis=0, split_every=SPLIT_EVERY).astype(A.dtype)
+        out = tree_sum(parts).astype(A.dtype)
     return out[:, 0] if is_vector else out
 
 
@@ -266,5 +288,5 @@ def _sample_dask(S, A):
     idx, scales = S.indices(), S.scales().astype(A.dtype)
     rows, inverse = np.unique(idx, return_inverse=True)
     picked = A[rows].map_blocks(_checked_rows, dtype=A.dtype)  # reads only the chunks holding sampled rows
-    out = picked[inverse.reshape(-1)] * scales[:, None]
+    out = picked[inverse.reshape(-1)].map_blocks(_scaled_rows, scales, dtype=A.dtype)
     return out.rechunk({0: S.sketch_size})

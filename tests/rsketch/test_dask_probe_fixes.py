@@ -4,6 +4,7 @@ Small arrays on Dask's synchronous scheduler (one thread: the chunk reads are co
 """
 
 import threading
+import warnings
 
 import dask
 import dask.array as da
@@ -188,3 +189,21 @@ def test_qr_pivoted_of_float32_dask_input_returns_float32():
     np.testing.assert_allclose(res.R, ref.R, rtol=0, atol=1e-5 * np.abs(ref.R).max())
     Q = res.Q.compute()
     assert np.linalg.norm(A[:, res.perm] - Q @ res.R) <= 1e-6 * np.linalg.norm(A)
+
+
+# ------------------------------------------------ 7: no RuntimeWarning for valid data near the float range
+@pytest.mark.parametrize("method", ["precondition", "sketch_and_solve", "ihs"])
+@pytest.mark.parametrize("kind", ["uniform", "leverage", "sparse_sign", "countsketch", "gaussian", "srht"])
+@pytest.mark.parametrize("scale", [1e250, 1e307])
+def test_lstsq_on_dask_near_the_float_range_warns_nothing(problem, kind, method, scale):
+    if kind == "leverage" and scale == 1e307:
+        pytest.skip("approximate leverage scores of entries near 1e308 fail, in memory and on Dask")
+    X, y = problem
+    y = X @ np.full(6, 0.125) + 1e-3 * (y - X @ np.arange(6.0))  # entries of X and y below 5
+    ref = rsketch.lstsq(da.from_array(X, chunks=1000), y, seed=0, sketch=kind, method=method)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the products overflowed (the solver rescales), and warned
+        Xd = da.from_array(X * scale, chunks=1000)
+        res = rsketch.lstsq(Xd, y * scale, seed=0, sketch=kind, method=method)
+    assert res.converged
+    np.testing.assert_allclose(res.coef, ref.coef, rtol=1e-6)

@@ -321,3 +321,14 @@ def test_a_product_beyond_the_float_range_is_still_infinite():
     signs = S.to_dense()[0]
     got = S @ (1e308 * signs[:, None])  # exactly 4e308: beyond the range
     assert np.isposinf(got).all()
+
+
+@pytest.mark.parametrize("method", ["exact", "approx"])
+@pytest.mark.parametrize("scale", [1e307, 1e-307, 2.0**-1000])
+def test_leverage_scores_of_a_at_any_scale_are_those_of_a(method, scale):
+    # the SVD of entries of 1e307 overflowed: "A is zero (rank 0)" for a full-rank A
+    X = np.random.default_rng(0).standard_normal((500, 6))
+    S = rsketch.LeverageSampling.from_matrix(X * scale, 50, seed=0, method=method)
+    ref = rsketch.LeverageSampling.from_matrix(X, 50, seed=0, method=method)
+    np.testing.assert_allclose(S.scores, ref.scores, rtol=1e-12, atol=1e-15)
+    assert np.array_equal(S.indices(), ref.indices())

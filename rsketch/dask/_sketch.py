@@ -212,6 +212,11 @@ def chunk_product(block, op, block_info=None):
         out = CHUNK_PRODUCTS[op.kind](op, a, block)
     if not np.isfinite(out).all():
         check_finite(block, f"A (rows {a}:{b})")
+        # finite rows: the unscaled sums overflowed where the product may not (as in memory,
+        # SketchOperator._apply_column_scaled): again with columns scaled by powers of two
+        down, up = cpu.column_scales(block)
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = CHUNK_PRODUCTS[op.kind](op, a, block * down) * up
     return out[None]
 
 

@@ -13,6 +13,7 @@ import math
 import types
 
 import numpy as np
+import scipy.sparse as sp
 from llvmlite import ir
 from numba import njit, prange
 from numba import types as nbtypes
@@ -1314,3 +1315,20 @@ def gram_matrix(X, nchunks, Y=None, B=None):
     if k == 0:
         return G
     return G, (full[:p, p : p + k].copy(), nrm.sum(axis=0))
+
+
+def column_scales(A):
+    """``(down, up)``: per column of a NumPy or SciPy sparse ``A``, the power of two that brings its
+    largest entry into [1, 2), and its inverse (a column of zeros: 2 and 1/2). The kernels sum
+    unscaled entries and scale last, so a finite ``S @ A`` can overflow on the way; with ``A``'s
+    columns times ``down`` (exact), the sums stay in range, and times ``up`` give ``S @ A``.
+
+    Examples
+    --------
+    >>> column_scales(np.array([[3.0, 1e308], [0.0, -1.0]]))
+    (array([5.00000000e-001, 1.11253693e-308]), array([2.00000000e+000, 8.98846567e+307]))
+    """
+    peak = abs(A).max(axis=0)
+    peak = peak.toarray().ravel() if sp.issparse(peak) else np.asarray(peak).ravel()
+    _, e = np.frexp(peak.astype(np.float64))  # peak = m 2**e, m in [0.5, 1)
+    return np.ldexp(1.0, 1 - e).astype(A.dtype), np.ldexp(1.0, e - 1).astype(A.dtype)

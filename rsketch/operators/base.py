@@ -29,6 +29,7 @@ from rsketch._validation import (
     check_int,
     check_operand,
 )
+from rsketch.kernels import cpu
 
 # Entries per generated block in the block-summation paths: bounded memory (32 MB in float64).
 _BLOCK_ENTRIES = 1 << 22
@@ -260,11 +261,7 @@ class SketchOperator:
         last, so a finite ``S @ A`` could overflow on the way (two entries of ``1e308`` gave ``inf``
         where every exact entry was below ``5.3e307``). Scaling by powers of two is exact; scaled
         back, an entry is infinite only where ``S @ A`` itself is beyond the float range."""
-        peak = abs(A).max(axis=0)
-        peak = peak.toarray().ravel() if sp.issparse(peak) else np.asarray(peak).ravel()
-        _, e = np.frexp(peak.astype(np.float64))  # peak = m 2**e, m in [0.5, 1): columns of 0 give 0
-        up = np.ldexp(1.0, e - 1).astype(A.dtype)
-        down = np.ldexp(1.0, 1 - e).astype(A.dtype)
+        down, up = cpu.column_scales(A)
         scaled = A @ sp.diags(down) if sp.issparse(A) else A * down
         with np.errstate(over="ignore"):  # beyond the range: inf, as IEEE arithmetic has it
             return self._apply(sp.csr_matrix(scaled) if sp.issparse(A) else scaled) * up

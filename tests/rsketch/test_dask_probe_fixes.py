@@ -207,3 +207,17 @@ def test_lstsq_on_dask_near_the_float_range_warns_nothing(problem, kind, method,
         res = rsketch.lstsq(Xd, y * scale, seed=0, sketch=kind, method=method)
     assert res.converged
     np.testing.assert_allclose(res.coef, ref.coef, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "srht", "srdct"])
+def test_a_finite_sketch_near_the_float_range_is_finite_on_dask(kind):
+    # a chunk's unscaled sums overflowed (SRHT: 54 entries inf) where every exact entry of S @ A
+    # was below 5.3e307; the chunk is applied again with its columns scaled, as in memory
+    A = np.random.default_rng(0).standard_normal((3000, 4))
+    A[10, 1] = A[11, 1] = 1e308
+    S = rsketch.make_sketch(kind, 3000, 100, seed=3)
+    exact = S.to_dense() @ A
+    with dask.config.set(scheduler="synchronous"):
+        got = (S @ da.from_array(A, chunks=1000)).compute()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, exact, rtol=1e-10, atol=1e-12 * np.abs(exact).max())

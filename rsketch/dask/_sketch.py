@@ -214,9 +214,9 @@ def chunk_product(block, op, block_info=None):
         check_finite(block, f"A (rows {a}:{b})")
         # finite rows: the unscaled sums overflowed where the product may not (as in memory,
         # SketchOperator._apply_column_scaled): again with columns scaled by powers of two
-        down, up = cpu.column_scales(block)
+        shifts = cpu.column_shifts(block)
         with np.errstate(invalid="ignore", over="ignore"):
-            out = CHUNK_PRODUCTS[op.kind](op, a, block * down) * up
+            out = cpu.ldexp_columns(CHUNK_PRODUCTS[op.kind](op, a, cpu.ldexp_columns(block, shifts)), -shifts)
     return out[None]
 
 

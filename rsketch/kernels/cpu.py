@@ -1317,18 +1317,37 @@ def gram_matrix(X, nchunks, Y=None, B=None):
     return G, (full[:p, p : p + k].copy(), nrm.sum(axis=0))
 
 
-def column_scales(A):
-    """``(down, up)``: per column of a NumPy or SciPy sparse ``A``, the power of two that brings its
-    largest entry into [1, 2), and its inverse (a column of zeros: 2 and 1/2). The kernels sum
-    unscaled entries and scale last, so a finite ``S @ A`` can overflow on the way; with ``A``'s
-    columns times ``down`` (exact), the sums stay in range, and times ``up`` give ``S @ A``.
+def column_shifts(A) -> np.ndarray:
+    """Per column of a NumPy or SciPy sparse ``A``, the exponent ``s`` (int64) such that the column's
+    largest entry times ``2**s`` lies in [1, 2) (a column of zeros: 1). The kernels sum unscaled
+    entries and scale last, so a finite ``S @ A`` can overflow on the way; with ``A``'s columns
+    shifted (:func:`ldexp_columns`, exact), the sums stay in range, and shifted back by ``-s`` they
+    give ``S @ A``. ``2**s`` itself is never formed: for a subnormal column it is beyond the range.
 
     Examples
     --------
-    >>> column_scales(np.array([[3.0, 1e308], [0.0, -1.0]]))
-    (array([5.00000000e-001, 1.11253693e-308]), array([2.00000000e+000, 8.98846567e+307]))
+    >>> column_shifts(np.array([[3.0, 1e308, 5e-324], [0.0, -1.0, 0.0]])).tolist()
+    [-1, -1023, 1074]
     """
     peak = abs(A).max(axis=0)
     peak = peak.toarray().ravel() if sp.issparse(peak) else np.asarray(peak).ravel()
     _, e = np.frexp(peak.astype(np.float64))  # peak = m 2**e, m in [0.5, 1)
-    return np.ldexp(1.0, 1 - e).astype(A.dtype), np.ldexp(1.0, e - 1).astype(A.dtype)
+    return (1 - e).astype(np.int64)
+
+
+def ldexp_columns(A, shifts):
+    """``A`` with column ``j`` times ``2**shifts[j]``, exactly (``np.ldexp``: only exponents move, to
+    subnormal or infinite where the range ends), in ``A``'s dtype; a SciPy sparse ``A`` as CSR.
+
+    Examples
+    --------
+    >>> ldexp_columns(np.array([[3.0, 1.0]]), np.array([-1, 2])).tolist()
+    [[1.5, 4.0]]
+    """
+    shifts = np.asarray(shifts, dtype=np.int64)
+    with np.errstate(over="ignore", under="ignore"):
+        if sp.issparse(A):
+            A = A.tocsr(copy=True)
+            A.data = np.ldexp(A.data, shifts[A.indices]).astype(A.dtype, copy=False)
+            return A
+        return np.ldexp(A, shifts).astype(A.dtype, copy=False)

@@ -207,7 +207,7 @@ class SketchOperator:
         >>> bool(np.array_equal(A @ S, (S.T @ A.T).T))
         True
         """
-        _check_columns(A, self.sketch_size, "A @ S", "the sketch's sketch_size")
+        A = _left_operand(A, self.sketch_size, "A @ S", "the sketch's sketch_size")
         return _transposed(self._adjoint(_transposed(A)))
 
     def __matmul__(self, A):
@@ -261,10 +261,8 @@ class SketchOperator:
         last, so a finite ``S @ A`` could overflow on the way (two entries of ``1e308`` gave ``inf``
         where every exact entry was below ``5.3e307``). Scaling by powers of two is exact; scaled
         back, an entry is infinite only where ``S @ A`` itself is beyond the float range."""
-        down, up = cpu.column_scales(A)
-        scaled = A @ sp.diags(down) if sp.issparse(A) else A * down
-        with np.errstate(over="ignore"):  # beyond the range: inf, as IEEE arithmetic has it
-            return self._apply(sp.csr_matrix(scaled) if sp.issparse(A) else scaled) * up
+        shifts = cpu.column_shifts(A)
+        return cpu.ldexp_columns(self._apply(cpu.ldexp_columns(A, shifts)), -shifts)
 
     # Bytes that S @ A (k columns of the given itemsize) and S.T @ Z allocate: the output and the
     # kernels' work arrays. The defaults are those of the block-summation paths below.
@@ -410,16 +408,39 @@ class SketchOperator:
         )
 
 
-def _check_columns(A, columns: int, what: str, label: str) -> None:
-    """The left operand of ``what`` must have ``columns`` columns (its transpose is checked again)."""
-    shape = getattr(A, "shape", None)
-    if shape is not None and len(shape) in (1, 2) and shape[-1] != columns:
-        raise ValueError(f"{what} needs A with {columns} columns ({label}), got shape {tuple(shape)}")
+def read_only_view(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: an operator's cached state handed out to callers must not change
+    under them (a caller who sorted the array ``indices()`` returned changed every later ``S @ A``).
+    A view at each access, not a flag on the array itself: pickling and ``copy.deepcopy`` drop flags.
+
+    Examples
+    --------
+    >>> v = read_only_view(np.arange(3))
+    >>> v.flags.writeable, np.shares_memory(v, v.base)
+    (False, True)
+    """
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _left_operand(A, columns: int, what: str, label: str):
+    """The left operand of ``what`` (``A @ S`` or ``A @ S.T``), a 1-D or 2-D array with ``columns``
+    columns: a list becomes a NumPy array (the product checks its values once transposed); a wrong
+    shape is named as the caller wrote it, not as the transposed operand the product receives."""
+    if not hasattr(A, "shape"):
+        A = np.asarray(A)
+    shape = tuple(A.shape)
+    if len(shape) not in (1, 2):
+        raise ValueError(f"{what} needs A 1-D or 2-D, got shape {shape}")
+    if shape[-1] != columns:
+        raise ValueError(f"{what} needs A with {columns} columns ({label}), got shape {shape}")
+    return A
 
 
 def _transposed(A):
     """``A.T`` of a 2-D operand of any kind (NumPy, SciPy sparse, Dask, CuPy); a vector as it is."""
-    return A if getattr(A, "ndim", 2) == 1 else A.T
+    return A if A.ndim == 1 else A.T
 
 
 def _itemsize(dtype) -> int:
@@ -495,7 +516,7 @@ class AdjointSketch:
         >>> bool(np.array_equal(A @ S.T, (S @ A.T).T))
         True
         """
-        _check_columns(A, self.operator.input_dim, "A @ S.T", "the sketch's input_dim")
+        A = _left_operand(A, self.operator.input_dim, "A @ S.T", "the sketch's input_dim")
         return _transposed(self.operator @ _transposed(A))
 
     def to_dense(self) -> np.ndarray:

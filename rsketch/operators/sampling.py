@@ -20,7 +20,7 @@ from rsketch._random import (
 )
 from rsketch._validation import check_allocation, check_operand, check_option, check_real, check_real_vector
 from rsketch.kernels import cpu
-from rsketch.operators.base import SketchOperator
+from rsketch.operators.base import SketchOperator, read_only_view
 from rsketch.operators.gaussian import GaussianSketch
 from rsketch.operators.srht import SRHT
 
@@ -124,8 +124,8 @@ class UniformSampling(_RowSampling):
             return self._indices(xp)
         if self._idx is None:
             self._check_index_memory()
-            self._idx = _read_only(self._indices(None))
-        return self._idx
+            self._idx = self._indices(None)
+        return read_only_view(self._idx)
 
     def _indices(self, xp):
         n, r = self.input_dim, self.sketch_size
@@ -203,13 +203,6 @@ def _scores_and_sum(s):
     return s, total
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """``a``, made read-only: the operator's cached state, handed out to callers, must not change
-    under them (a caller who sorted the array ``indices()`` returned changed every later ``S @ A``)."""
-    a.flags.writeable = False
-    return a
-
-
 class LeverageSampling(_RowSampling):
     """Leverage-score sampling with replacement, rows rescaled by ``1 / sqrt(r p_i)``.
 
@@ -252,12 +245,17 @@ class LeverageSampling(_RowSampling):
         self.scores = _check_scores(scores, self.input_dim)
         self.uniform_mix = mix = check_uniform_mix(uniform_mix)
         s, total = _scores_and_sum(self.scores)
-        self.probabilities = _read_only((1 - mix) * s / total + mix / self.input_dim)
+        self._probabilities = (1 - mix) * s / total + mix / self.input_dim
         self._cdf = np.cumsum(self.probabilities)
         self._idx = None
 
     def _options(self):
         return {"uniform_mix": self.uniform_mix}
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """The sampling probabilities ``p_i`` (read-only: they define the sketch)."""
+        return read_only_view(self._probabilities)
 
     def indices(self, xp=None) -> np.ndarray:
         """The sampled row of ``A`` for each row of ``S``."""
@@ -267,8 +265,8 @@ class LeverageSampling(_RowSampling):
         if self._idx is None:
             self._check_index_memory()
             w = cpu.philox_words(self.key[0], self.key[1], 0, self.sketch_size, 1, STREAM_SAMPLE)[:, 0, :]
-            self._idx = _read_only(self._invert(w[:, 0], w[:, 1]))
-        return self._idx
+            self._idx = self._invert(w[:, 0], w[:, 1])
+        return read_only_view(self._idx)
 
     def _invert(self, w_lo, w_hi):
         u = uniform53_from_words(np, w_lo, w_hi)
@@ -373,8 +371,12 @@ def _scaled_to_safe_range(A):
     peak = float(abs(A).max()) if A.size else 0.0
     if peak == 0.0 or _SAFE_PEAK[0] <= peak <= _SAFE_PEAK[1]:
         return A
-    scale = A.dtype.type(np.ldexp(1.0, -np.frexp(peak)[1]))
-    return A * scale if not sp.issparse(A) else (A * scale).tocsr()
+    shift = -int(np.frexp(peak)[1])  # 2**shift itself is beyond the range for a subnormal peak
+    if sp.issparse(A):
+        A = A.tocsr(copy=True)
+        A.data = np.ldexp(A.data, shift)
+        return A
+    return np.ldexp(A, shift).astype(A.dtype, copy=False)
 
 
 def exact_leverage(A) -> np.ndarray:

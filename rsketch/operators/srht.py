@@ -18,7 +18,7 @@ from rsketch._random import (
 )
 from rsketch._validation import check_allocation
 from rsketch.kernels import cpu
-from rsketch.operators.base import SketchOperator
+from rsketch.operators.base import SketchOperator, read_only_view
 
 
 def _parity(xp, x):
@@ -57,8 +57,7 @@ class _SubsampledTransform(SketchOperator):
                 40 * r, f"the {r} selected rows of a {type(self).__name__}", "use a smaller sketch_size"
             )
             self._rows = cpu.floyd_sample(self.key[0], self.key[1], self.padded_size, r, STREAM_SELECT)
-            self._rows.flags.writeable = False  # handed out: a caller's edit must not change S
-        return self._rows
+        return read_only_view(self._rows)  # handed out: a caller's edit must not change S
 
     def reference_rows(self, xp=np):
         """The selected rows from the portable Philox path (must equal :attr:`rows`)."""

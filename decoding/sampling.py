@@ -153,8 +153,8 @@ def _as_float(value, name: str, need: str) -> float:
 def _shown(value) -> str:
     """``value`` for an error message; a number of more than 20 digits in scientific notation
     (Python refuses to print an int of more than 4,300 digits, and hundreds of digits say no more)."""
-    if isinstance(value, numbers.Rational) and abs(value) >= 10**20:
-        return format(Decimal(value.numerator) / Decimal(value.denominator), ".3e")
+    if isinstance(value, numbers.Rational) and max(abs(value.numerator), value.denominator) >= 10**20:
+        return format(Decimal(value.numerator) / Decimal(value.denominator), ".3e")  # 1/10**5000 too
     return str(value)
 
 

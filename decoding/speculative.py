@@ -482,14 +482,15 @@ _NO_DRAFT = np.zeros(0, dtype=np.int64)
 _NO_DRAFT.flags.writeable = False  # shared by every sample of a skipped step
 
 
-def _checked_drafts(drafter: Drafter, tokens, active, vocab_size: int) -> list[np.ndarray]:
-    """Each sample's draft as an int64 array: ``TypeError`` unless a 1-D integer array (an empty one
-    of any dtype), ``ValueError`` for an id outside ``[0, vocab_size)``, naming the drafter and the
-    sample. A custom drafter's slip met the model's check, which names neither, NumPy's errors, or
-    a silent ``int()`` (a draft ``[1.7]`` was token 1). The ids of all samples are checked at once
-    (a check per draft cost 3 us a sample and step)."""
+def _checked_drafts(drafter: Drafter, tokens, active, vocab_size: int, room) -> list[np.ndarray]:
+    """Each sample's draft as an int64 array cut to its ``room``: ``TypeError`` unless a 1-D integer
+    array (an empty one of any dtype), ``ValueError`` for an id outside ``[0, vocab_size)`` among
+    those kept (tokens past the room are never used), naming the drafter and the sample. A custom
+    drafter's slip met the model's check, which names neither, NumPy's errors, or a silent
+    ``int()`` (a draft ``[1.7]`` was token 1). The ids of all samples are checked at once (a check
+    per draft cost 3 us a sample and step)."""
     drafts = []
-    for i, d in zip(active, tokens, strict=True):
+    for j, (i, d) in enumerate(zip(active, tokens, strict=True)):
         try:
             a = np.asarray(d)
         except (TypeError, ValueError) as exc:  # a ragged nesting
@@ -505,7 +506,7 @@ def _checked_drafts(drafter: Drafter, tokens, active, vocab_size: int) -> list[n
                 f"drafter {drafter.name!r} proposed {why} for sample {i} (Drafter.propose returns a "
                 "1-D array of integer token ids, possibly empty, per sample)"
             )
-        drafts.append(a.astype(np.int64, copy=False) if a.size else _NO_DRAFT)
+        drafts.append(a[: room[j]].astype(np.int64, copy=False) if a.size else _NO_DRAFT)
     ids = np.concatenate(drafts) if drafts else _NO_DRAFT
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):  # find the first bad id (an error path)
         for i, d, a in zip(active, tokens, drafts, strict=True):
@@ -549,9 +550,7 @@ def _draft(
             f"drafter {drafter.name!r} proposed {len(proposal.tokens)} drafts for {len(active)} samples "
             "(Drafter.propose returns one, possibly empty, per sample)"
         )
-    proposed = [
-        d[: room[j]] for j, d in enumerate(_checked_drafts(drafter, proposal.tokens, active, vocab_size))
-    ]
+    proposed = _checked_drafts(drafter, proposal.tokens, active, vocab_size, room)
     drafts = _Drafts(proposed, proposed)
     stats.asked[active] += room > 0
     stats.offered[active] += drafts.lengths > 0

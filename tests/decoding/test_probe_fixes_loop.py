@@ -170,6 +170,18 @@ def test_empty_and_integer_drafts_of_any_kind_are_taken(tiny64, draft):
         assert res.tokens == ref.tokens
 
 
+def test_draft_tokens_past_the_room_are_not_checked(tiny64):
+    # the loop keeps max_draft tokens of a draft: an id past them is never used, so never refused
+    model, tok = tiny64
+    ref = decoding.generate(model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=6)
+    for layout in ("ems", "vanilla"):
+        res = decoding.generate(
+            model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=6, method=layout, drafter=_Fixed([7, 9, 10**6]),
+            max_draft=2, draft_budget=None,
+        )  # fmt: skip
+        assert res.tokens == ref.tokens
+
+
 def test_scalar_costs_are_the_arrays_costs():
     # the allocation calls cost() tens of times a step with Python numbers: a path of its own
     # (14 us a call through the arrays' checks), the same arithmetic

@@ -47,6 +47,8 @@ def test_bad_sampling_parameters(kwargs, exc, match):
         ({"top_p": 2**2000}, r"^top_p must be in \(0, 1\], got 1.148e\+602$"),
         ({"top_p": -(2**2000)}, r"^top_p must be in \(0, 1\], got -1.148e\+602$"),
         ({"top_k": -(10**5000)}, r"^top_k must be >= 1, got -1.000e\+5000$"),
+        # a small value whose denominator is too long to print (str() raised Python's own error)
+        ({"top_p": Fraction(1, 10**5000)}, r"^top_p must be in \(0, 1\], got 1.000e-5000$"),
     ],
 )
 def test_sampling_parameters_beyond_the_float_range(kwargs, match):

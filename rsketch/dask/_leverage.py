@@ -42,6 +42,11 @@ def approximate_leverage(A, key) -> np.ndarray:
     r1 = min(n, 4 * p + 64)
     r2 = max(32, math.ceil(4 * math.log(n)))
     SA = np.asarray((SRHT(n, r1, seed=np.random.SeedSequence(list(derive_key(key, 1)))) @ A).compute())
+    if not np.isfinite(SA).all():  # the chunks are finite (checked): the sketch is beyond the range
+        raise ValueError(
+            "A's entries are too large for its approximate leverage scores: their SRHT sketch overflows "
+            "float64; scale A by a power of two first (the scores do not change), or use another sketch"
+        )
     _, s, Vt = scipy.linalg.svd(SA, full_matrices=False, check_finite=False)
     rank = int(np.sum(s > s[0] * max(SA.shape) * np.finfo(np.float64).eps)) if s[0] > 0 else 0
     if rank == 0:

@@ -177,6 +177,16 @@ def test_random_problems_are_solved_stably(n, p, log_kappa, log_residual, seed):
     assert_as_stable_as_qr(A, b, res.coef)
 
 
+@pytest.mark.parametrize(("n", "seed"), [(194, 0), (197, 65536)])
+def test_direct_solves_are_as_accurate_as_qr(n, seed):
+    # n <= the default sketch size: LAPACK solves X. gelsy's forward error was 35-57x Householder
+    # QR's here (kappa 1e7, residual of norm 1), found by the test above when its examples changed
+    A, b, _ = family(n, 10, 1e7, 1.0, seed=seed)
+    res = rsketch.lstsq(A, b, seed=seed)
+    assert res.log.finish == "direct" and res.converged
+    assert_as_stable_as_qr(A, b, res.coef)
+
+
 def test_ridge_is_stable_on_its_augmented_problem():
     A, b, _ = family(2000, 20, 1e10, 1.0, seed=6)
     alpha = 1e-12

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from rsketch._exact_scaling import scale_columns, shift_down
 from rsketch._validation import check_finite
 from rsketch.kernels import cpu
 
@@ -214,9 +215,9 @@ def chunk_product(block, op, block_info=None):
         check_finite(block, f"A (rows {a}:{b})")
         # finite rows: the unscaled sums overflowed where the product may not (as in memory,
         # SketchOperator._apply_column_scaled): again with columns scaled by powers of two
-        shifts = cpu.column_shifts(block)
-        with np.errstate(invalid="ignore", over="ignore"):
-            out = cpu.ldexp_columns(CHUNK_PRODUCTS[op.kind](op, a, cpu.ldexp_columns(block, shifts)), -shifts)
+        scaled, shifts = scale_columns(block)
+        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+            out = shift_down(CHUNK_PRODUCTS[op.kind](op, a, scaled), -shifts)
     return out[None]
 
 

@@ -13,7 +13,6 @@ import math
 import types
 
 import numpy as np
-import scipy.sparse as sp
 from llvmlite import ir
 from numba import njit, prange
 from numba import types as nbtypes
@@ -1315,39 +1314,3 @@ def gram_matrix(X, nchunks, Y=None, B=None):
     if k == 0:
         return G
     return G, (full[:p, p : p + k].copy(), nrm.sum(axis=0))
-
-
-def column_shifts(A) -> np.ndarray:
-    """Per column of a NumPy or SciPy sparse ``A``, the exponent ``s`` (int64) such that the column's
-    largest entry times ``2**s`` lies in [1, 2) (a column of zeros: 1). The kernels sum unscaled
-    entries and scale last, so a finite ``S @ A`` can overflow on the way; with ``A``'s columns
-    shifted (:func:`ldexp_columns`, exact), the sums stay in range, and shifted back by ``-s`` they
-    give ``S @ A``. ``2**s`` itself is never formed: for a subnormal column it is beyond the range.
-
-    Examples
-    --------
-    >>> column_shifts(np.array([[3.0, 1e308, 5e-324], [0.0, -1.0, 0.0]])).tolist()
-    [-1, -1023, 1074]
-    """
-    peak = abs(A).max(axis=0)
-    peak = peak.toarray().ravel() if sp.issparse(peak) else np.asarray(peak).ravel()
-    _, e = np.frexp(peak.astype(np.float64))  # peak = m 2**e, m in [0.5, 1)
-    return (1 - e).astype(np.int64)
-
-
-def ldexp_columns(A, shifts):
-    """``A`` with column ``j`` times ``2**shifts[j]``, exactly (``np.ldexp``: only exponents move, to
-    subnormal or infinite where the range ends), in ``A``'s dtype; a SciPy sparse ``A`` as CSR.
-
-    Examples
-    --------
-    >>> ldexp_columns(np.array([[3.0, 1.0]]), np.array([-1, 2])).tolist()
-    [[1.5, 4.0]]
-    """
-    shifts = np.asarray(shifts, dtype=np.int64)
-    with np.errstate(over="ignore", under="ignore"):
-        if sp.issparse(A):
-            A = A.tocsr(copy=True)
-            A.data = np.ldexp(A.data, shifts[A.indices]).astype(A.dtype, copy=False)
-            return A
-        return np.ldexp(A, shifts).astype(A.dtype, copy=False)

@@ -22,6 +22,7 @@ from scipy.sparse.linalg import LinearOperator
 
 import rsketch.linalg._lowrank_array as array_lowrank
 from rsketch._backend import is_non_numpy_array, like, to_host
+from rsketch._exact_scaling import safe_shift
 from rsketch._validation import (
     check_allocation,
     check_int,
@@ -35,7 +36,6 @@ from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.kernels import cpu
 from rsketch.linalg._common import column_norms, frobenius_norm
-from rsketch.linalg._scaling import _shift
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
 RANGE_METHODS = ("subspace", "block_krylov")
@@ -353,7 +353,7 @@ def _orth(Y, scratch=None):
         if not np.isfinite(G).all():  # only the range matters: scaled by a power of two (exact)
             if not np.isfinite(source).all():
                 raise _overflow()
-            source *= np.ldexp(1.0, -_shift(float(np.abs(source).max())))
+            source *= np.ldexp(1.0, -safe_shift(float(np.abs(source).max())))
             G = source.T @ source
         try:
             L = np.linalg.cholesky(G)

@@ -22,64 +22,12 @@ from __future__ import annotations
 
 import math
 
-import array_api_compat
 import numpy as np
-import scipy.sparse as sp
 
-from rsketch._backend import array_namespace, is_non_numpy_array, to_host
+from rsketch._exact_scaling import max_abs, safe_shift, scale_columns, scale_design, shift_down
 from rsketch.linalg._common import apply_sketch
 
-# Largest entries in [2^LO, 2^HI] need no scaling: their squares, and sums of a billion of them, stay
-# normal floats.
-SAFE_LO, SAFE_HI = -200, 200
-
-
-def _shift(amax: float) -> int:
-    """The ``a`` with ``amax 2^-a`` in ``[1, 2)``, or 0 when ``amax`` is zero or in the safe range."""
-    if not amax > 0 or 2.0**SAFE_LO <= amax <= 2.0**SAFE_HI:
-        return 0
-    return math.frexp(amax)[1] - 1
-
-
-def _max_abs(A, axis=None):
-    """The largest ``|entry|`` of ``A`` (per column with ``axis=0``), on the host."""
-    if is_non_numpy_array(A):
-        xp = array_namespace(A)
-        return to_host(xp.max(xp.abs(A), axis=axis)) if A.size else np.zeros(A.shape[1] if axis == 0 else ())
-    data = A.data if sp.issparse(A) else A
-    return np.max(np.abs(data), axis=axis) if data.size else np.zeros(A.shape[1] if axis == 0 else ())
-
-
-def _ldexp(A, shifts):
-    """``A 2^-shifts`` (exact; ``shifts`` an int, or one per column of a dense ``A``) in ``A``'s library."""
-    shifts = np.asarray(shifts)
-    if sp.issparse(A):
-        A = A.copy()
-        A.data = np.ldexp(A.data, -shifts)
-        return A
-    if not is_non_numpy_array(A):
-        return np.ldexp(A, -shifts)
-    # No ldexp in the array API: multiply by 2^-s in two exact steps (2^-s alone may not be a float64).
-    xp = array_namespace(A)
-    half = shifts // 2
-    for part in (half, shifts - half):
-        A = A * xp.asarray(np.ldexp(1.0, -part), device=array_api_compat.device(A))
-    return A
-
-
-def scale_columns(Y) -> tuple[np.ndarray, np.ndarray]:
-    """``(Y 2^-b_j, b)``: each column's largest entry brought near one when out of the safe range."""
-    shifts = np.array([_shift(float(a)) for a in _max_abs(Y, axis=0)], dtype=np.int64)
-    if not shifts.any():
-        return Y, shifts
-    Y = _ldexp(Y, shifts)
-    return (Y if is_non_numpy_array(Y) else np.ascontiguousarray(Y)), shifts
-
-
-def scale_design(X):
-    """``(X 2^-a, a)`` from the largest entry of ``X`` (one pass over ``X``)."""
-    shift = _shift(float(_max_abs(X)))
-    return (X, 0) if shift == 0 else (_ldexp(X, shift), shift)
+__all__ = ["scale_columns", "scale_design", "sketch_design", "unscale"]
 
 
 def sketch_design(S, X, first_pass=None):
@@ -90,13 +38,13 @@ def sketch_design(S, X, first_pass=None):
     ``first_pass(S, X)``, if given, computes ``S X`` (with whatever else that pass gives).
     """
     SX = (first_pass or apply_sketch)(S, X)
-    amax = float(_max_abs(SX))
-    if math.isfinite(amax) and _shift(amax) == 0:
+    amax = float(max_abs(SX))
+    if math.isfinite(amax) and safe_shift(amax) == 0:
         return X, SX, 0, 1
-    shift = _shift(float(_max_abs(X)))  # the sketch overflowed or is out of range: scale by X itself
+    shift = safe_shift(float(max_abs(X)))  # the sketch overflowed or is out of range: scale by X itself
     if shift == 0:
         return X, SX, 0, 2
-    X = _ldexp(X, shift)
+    X = shift_down(X, shift)
     return X, apply_sketch(S, X), shift, 3
 
 

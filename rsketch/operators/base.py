@@ -20,6 +20,7 @@ from array_api_compat import device as array_device
 from scipy.sparse.linalg import LinearOperator
 
 from rsketch._backend import array_namespace, is_device_sparse, numpy_namespace
+from rsketch._exact_scaling import scale_columns, shift_down
 from rsketch._random import key_from_seed
 from rsketch._validation import (
     MAX_INDEX,
@@ -29,7 +30,6 @@ from rsketch._validation import (
     check_int,
     check_operand,
 )
-from rsketch.kernels import cpu
 
 # Entries per generated block in the block-summation paths: bounded memory (32 MB in float64).
 _BLOCK_ENTRIES = 1 << 22
@@ -255,14 +255,16 @@ class SketchOperator:
             return self._reference_apply(A)
 
     def _apply_column_scaled(self, A):
-        """``S @ A`` again, each column of ``A`` scaled by a power of two to a largest entry in [1, 2).
+        """``S @ A`` again, each column of ``A`` outside the safe range scaled by a power of two to a
+        largest entry in [1, 2) (:func:`rsketch._exact_scaling.scale_columns`, the solvers' scaling).
 
         The kernels sum unscaled entries (a Gaussian's N(0, 1), the transforms' +-1 sums) and scale
         last, so a finite ``S @ A`` could overflow on the way (two entries of ``1e308`` gave ``inf``
         where every exact entry was below ``5.3e307``). Scaling by powers of two is exact; scaled
         back, an entry is infinite only where ``S @ A`` itself is beyond the float range."""
-        shifts = cpu.column_shifts(A)
-        return cpu.ldexp_columns(self._apply(cpu.ldexp_columns(A, shifts)), -shifts)
+        scaled, shifts = scale_columns(A)
+        with np.errstate(over="ignore", under="ignore"):  # beyond the range: inf, as IEEE has it
+            return shift_down(self._apply(scaled), -shifts)
 
     # Bytes that S @ A (k columns of the given itemsize) and S.T @ Z allocate: the output and the
     # kernels' work arrays. The defaults are those of the block-summation paths below.

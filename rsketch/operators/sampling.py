@@ -8,6 +8,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from rsketch._exact_scaling import scale_design
 from rsketch._random import (
     STREAM_SAMPLE,
     STREAM_SELECT,
@@ -313,7 +314,7 @@ class LeverageSampling(_RowSampling):
         """
         check_option(method, "method", {"exact", "approx"})
         A2, _ = check_operand(A, None, "A")
-        A2 = _scaled_to_safe_range(A2)
+        A2, _ = scale_design(A2)  # scores do not change with A's scale: the SVD of 1e307 overflowed
         key = key_from_seed(seed)
         scores = exact_leverage(A2) if method == "exact" else approximate_leverage(A2, key)
         return cls._keyed(scores, sketch_size, key, seed, dtype, uniform_mix)
@@ -351,32 +352,6 @@ def _zero_matrix_error() -> ValueError:
     return ValueError(
         "A is zero (rank 0): its leverage scores are undefined; pass scores=... or use uniform sampling"
     )
-
-
-#: Largest entries of ``A`` whose leverage scores are computed as they are; beyond, ``A`` is first
-#: scaled by a power of two (scores do not change with the scale): the SVD of entries of ``1e307``
-#: overflowed, and the scores came out as those of a zero matrix ("A is zero (rank 0)").
-_SAFE_PEAK = (2.0**-400, 2.0**400)
-
-
-def _scaled_to_safe_range(A):
-    """``A`` times the power of two that brings its largest entry near 1, where that entry is outside
-    :data:`_SAFE_PEAK` (exact: powers of two only move exponents); else ``A`` itself, the same bits.
-
-    Examples
-    --------
-    >>> float(_scaled_to_safe_range(np.array([[1e307], [2e306]])).max())  # 1e307 = 0.89 * 2**1020
-    0.8900295434028805
-    """
-    peak = float(abs(A).max()) if A.size else 0.0
-    if peak == 0.0 or _SAFE_PEAK[0] <= peak <= _SAFE_PEAK[1]:
-        return A
-    shift = -int(np.frexp(peak)[1])  # 2**shift itself is beyond the range for a subnormal peak
-    if sp.issparse(A):
-        A = A.tocsr(copy=True)
-        A.data = np.ldexp(A.data, shift)
-        return A
-    return np.ldexp(A, shift).astype(A.dtype, copy=False)
 
 
 def exact_leverage(A) -> np.ndarray:

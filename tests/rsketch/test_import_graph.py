@@ -1,6 +1,7 @@
 """rsketch reads top-down: no import cycle, and every import goes down the layers.
 
-Layers, bottom first: the shared helpers (``_validation``, ``_backend``, ``_parallel``, ``_random``),
+Layers, bottom first: the shared helpers (``_validation``, ``_backend``, ``_parallel``, ``_random``,
+``_exact_scaling``),
 ``kernels``, ``operators``, ``linalg``, ``stats``, ``estimators``, the public API (``rsketch/__init__.py``),
 then the programs (``experiments``, ``demo``).
 Imports inside functions count too: hiding one there hides a cycle, it does not remove it.
@@ -17,6 +18,7 @@ LAYERS = {
     "rsketch._backend": 0,
     "rsketch._parallel": 0,  # the lock of parallel launches under numba's workqueue layer
     "rsketch._random": 1,
+    "rsketch._exact_scaling": 1,  # power-of-two scaling into the safe range: operators and solvers
     "rsketch.kernels": 2,
     "rsketch.operators": 3,
     "rsketch.dask._sketch": 3,  # lazy S @ A, called by SketchOperator.__matmul__

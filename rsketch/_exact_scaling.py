@@ -1,0 +1,100 @@
+"""Power-of-two scaling of data into a safe range, as LAPACK's drivers do it.
+
+Squared norms, inner products and a sketch's unscaled sums overflow for entries beyond about
+``1e154`` (or ``1e308`` for the sums) and underflow below ``1e-154`` (entries below ``2.2e-308`` are
+subnormal, with fewer bits). The solvers (``rsketch.lstsq``), the operators' products and the
+leverage scores therefore work on ``A 2^-a``, with ``a`` chosen so that the largest entry is near
+one, and scale the answer back. Scaling by a power of two is exact (``numpy.ldexp``), so the scaled
+problem has exactly the same solution. Data within ``[2^-200, 2^200]`` is left alone: the common case
+costs nothing and keeps its bits.
+
+Examples
+--------
+>>> import numpy as np
+>>> Y, shift = scale_columns(np.array([[3e200, 1.0], [1e200, 2.0]]))
+>>> shift.tolist(), float(np.abs(Y[:, 0]).max()) < 2.0
+([665, 0], True)
+"""
+
+from __future__ import annotations
+
+import math
+
+import array_api_compat
+import numpy as np
+import scipy.sparse as sp
+
+from rsketch._backend import array_namespace, is_non_numpy_array, to_host
+
+# Largest entries in [2^LO, 2^HI] need no scaling: their squares, and sums of a billion of them, stay
+# normal floats.
+SAFE_LO, SAFE_HI = -200, 200
+
+
+def safe_shift(amax: float) -> int:
+    """The ``a`` with ``amax 2^-a`` in ``[1, 2)``, or 0 when ``amax`` is zero or in the safe range.
+
+    Examples
+    --------
+    >>> safe_shift(1e300), safe_shift(3.0), safe_shift(5e-324)
+    (996, 0, -1074)
+    """
+    if not amax > 0 or 2.0**SAFE_LO <= amax <= 2.0**SAFE_HI:
+        return 0
+    return math.frexp(amax)[1] - 1
+
+
+def max_abs(A, axis=None):
+    """The largest ``|entry|`` of ``A`` (per column with ``axis=0``; SciPy sparse too), on the host."""
+    if is_non_numpy_array(A):
+        xp = array_namespace(A)
+        return to_host(xp.max(xp.abs(A), axis=axis)) if A.size else np.zeros(A.shape[1] if axis == 0 else ())
+    if sp.issparse(A) and axis == 0:
+        return abs(A).max(axis=0).toarray().ravel()
+    data = A.data if sp.issparse(A) else A
+    return np.max(np.abs(data), axis=axis) if data.size else np.zeros(A.shape[1] if axis == 0 else ())
+
+
+def shift_down(A, shifts):
+    """``A 2^-shifts`` (exact: only exponents move; ``shifts`` an int, or one per column) in ``A``'s
+    library and dtype; a SciPy sparse ``A`` as a copy of its format.
+
+    Examples
+    --------
+    >>> shift_down(np.array([[3.0, 1.0]]), np.array([1, -2])).tolist()
+    [[1.5, 4.0]]
+    """
+    shifts = np.asarray(shifts)
+    if sp.issparse(A):
+        A = A.copy()
+        if shifts.ndim == 0:
+            A.data = np.ldexp(A.data, -shifts)
+        elif A.format == "csc":  # column j's entries are data[indptr[j]:indptr[j + 1]]
+            A.data = np.ldexp(A.data, -np.repeat(shifts, np.diff(A.indptr)))
+        else:
+            A = A.tocsr()
+            A.data = np.ldexp(A.data, -shifts[A.indices])
+        return A
+    if not is_non_numpy_array(A):
+        return np.ldexp(A, -shifts)
+    # No ldexp in the array API: multiply by 2^-s in two exact steps (2^-s alone may not be a float64).
+    xp = array_namespace(A)
+    half = shifts // 2
+    for part in (half, shifts - half):
+        A = A * xp.asarray(np.ldexp(1.0, -part), device=array_api_compat.device(A))
+    return A
+
+
+def scale_columns(Y) -> tuple[object, np.ndarray]:
+    """``(Y 2^-b_j, b)``: each column's largest entry brought near one when out of the safe range."""
+    shifts = np.array([safe_shift(float(a)) for a in max_abs(Y, axis=0)], dtype=np.int64)
+    if not shifts.any():
+        return Y, shifts
+    Y = shift_down(Y, shifts)
+    return (Y if is_non_numpy_array(Y) or sp.issparse(Y) else np.ascontiguousarray(Y)), shifts
+
+
+def scale_design(X):
+    """``(X 2^-a, a)`` from the largest entry of ``X`` (one pass over ``X``)."""
+    shift = safe_shift(float(max_abs(X)))
+    return (X, 0) if shift == 0 else (shift_down(X, shift), shift)

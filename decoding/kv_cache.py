@@ -31,15 +31,6 @@ from .memory import check_fits
 __all__ = ["KVCache"]
 
 
-def _check_int(v, name: str, low: int | None = 0) -> int:
-    """``v`` as an int: ``TypeError`` unless an integer (``int(2.7)`` would silently give 2, and a
-    bool is no count), ``ValueError`` below ``low``."""
-    v = check_int(v, name)
-    if low is not None and v < low:
-        raise ValueError(f"{name} must be {'positive' if low == 1 else f'>= {low}'}, got {v}")
-    return v
-
-
 class KVCache:
     """Preallocated per-sequence key/value regions.
 
@@ -71,11 +62,11 @@ class KVCache:
         self, n_layers, n_kv_heads, head_dim, *, max_seqs, capacity, dtype=np.float32, xp=np, device=None
     ):
         self.n_layers, self.n_kv_heads, self.head_dim = (
-            _check_int(v, name, 1)
+            check_int(v, name, minimum=1)
             for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim))
         )
-        self.max_seqs = _check_int(max_seqs, "max_seqs", 1)
-        self.capacity = _check_int(capacity, "capacity", 1)
+        self.max_seqs = check_int(max_seqs, "max_seqs", minimum=1)
+        self.capacity = check_int(capacity, "capacity", minimum=1)
         if np.dtype(dtype) not in (np.float16, np.float32, np.float64):
             raise ValueError(f"dtype must be float16, float32 or float64, got {np.dtype(dtype).name}")
         if np.dtype(dtype) == np.float16 and xp is not np:
@@ -163,7 +154,7 @@ class KVCache:
     def truncate(self, seq: int, new_len: int) -> None:
         """Keep only the first ``new_len`` cached tokens of ``seq`` (roll back rejected drafts)."""
         seq = self._check_seq(seq)
-        new_len = _check_int(new_len, "new_len")
+        new_len = check_int(new_len, "new_len", minimum=0)
         if not new_len <= self.lengths[seq]:
             n = int(self.lengths[seq])
             raise ValueError(f"new_len must be in [0, {n}] for sequence {seq}, got {new_len}")
@@ -236,13 +227,13 @@ class KVCache:
     def keys(self, layer: int, seq: int, length: int | None = None):
         """Views ``(k, v)`` ``[Hkv, length, D]`` of ``seq``'s first ``length`` slots (default: all cached)."""
         seq = self._check_seq(seq)  # a negative id would index the last regions
-        layer = _check_int(layer, "layer")
+        layer = check_int(layer, "layer", minimum=0)
         if layer >= self.n_layers:
             raise ValueError(f"layer must be in [0, {self.n_layers}), got {layer}")
         if length is None:
             n = int(self.lengths[seq])
         else:  # past the region, the slice would run into the next sequence's slots
-            n = _check_int(length, "length")
+            n = check_int(length, "length", minimum=0)
             if n > self.capacity:
                 raise ValueError(f"length must be in [0, {self.capacity}], got {n}")
         a = int(self.starts[seq])
@@ -250,7 +241,7 @@ class KVCache:
 
     def _check_seq(self, seq) -> int:
         """``seq`` as an int: an integer in ``[0, max_seqs)`` (``int(0.9)`` would silently be 0)."""
-        seq = _check_int(seq, "sequence id", None)
+        seq = check_int(seq, "sequence id")
         if not 0 <= seq < self.max_seqs:
             raise ValueError(f"sequence id must be in [0, {self.max_seqs}), got {seq}")
         return seq

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rsketch._validation import check_int
+from rsketch._validation import check_int, check_integers
 
 from ._simd import HALF_CONVERSION
 from ._xp import xp_dtype
@@ -166,10 +166,8 @@ class KVCache:
 
         Checks capacity; does not change lengths (:meth:`advance` does, after every layer is written).
         """
-        for name, a in (("seq_ids", seq_ids), ("counts", counts)):
-            a = np.asarray(a)
-            if a.size and a.dtype.kind not in "iu":  # a float id or count would be truncated
-                raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
+        check_integers(seq_ids, "seq_ids")  # a float id or count would be truncated
+        check_integers(counts, "counts")
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
         counts = np.asarray(counts, dtype=np.int64)
         if seq_ids.size and (seq_ids.min() < 0 or seq_ids.max() >= self.max_seqs):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rsketch._parallel import serialized_launches
-from rsketch._validation import check_int
+from rsketch._validation import check_int, check_integers
 
 from . import kernels
 from ._simd import HALF_CONVERSION
@@ -110,9 +110,7 @@ class PackedBatch:
                 dtype = np.asarray(t).dtype
                 if np.size(t) and (dtype.kind not in "iu" or isinstance(t, (bool, np.bool_))):
                     raise TypeError(f"{name}[{b}] must hold integers, got {type(t).__name__} of {dtype}")
-        dtype = np.asarray(seq_ids).dtype
-        if np.size(seq_ids) and dtype.kind not in "iu":
-            raise TypeError(f"seq_ids must be integers, got dtype {dtype}")
+        check_integers(seq_ids, "seq_ids")
         counts = np.array([len(t) for t in token_lists], dtype=np.int64)
         cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])
@@ -472,9 +470,8 @@ class Model:
             raise TypeError("forward needs seq_ids and cu_seqlens (or a PackedBatch)")
         named = {"tokens": tokens, "seq_ids": seq_ids, "cu_seqlens": cu_seqlens, "positions": positions}
         for name, a in named.items():  # an int64 cast would silently make token 1.7 token 1
-            dtype = None if a is None else np.asarray(a).dtype
-            if dtype is not None and dtype.kind not in "iu" and np.size(a):
-                raise TypeError(f"{name} must be integers, got dtype {dtype}")
+            if a is not None:
+                check_integers(a, name)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         seq_ids = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
         cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)

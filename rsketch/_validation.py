@@ -25,6 +25,23 @@ def shown_int(value: int) -> str:
     return f"{'-' if value < 0 else ''}(an integer of {abs(value).bit_length()} bits)"
 
 
+def check_integers(a, name: str) -> None:
+    """``TypeError`` unless the array-like ``a`` holds integers (an empty one of any dtype passes): an
+    int64 cast would silently make 1.7 into 1.
+
+    Examples
+    --------
+    >>> check_integers([1, 2], "ids"); check_integers([], "ids")
+    >>> check_integers([1.7], "ids")
+    Traceback (most recent call last):
+    ...
+    TypeError: ids must be integers, got dtype float64
+    """
+    dtype = np.asarray(a).dtype
+    if np.size(a) and dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {dtype}")
+
+
 def check_int(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` as an int after checking its type and range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

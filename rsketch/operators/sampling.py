@@ -142,7 +142,7 @@ class UniformSampling(_RowSampling):
         """Row scales ``sqrt(n / r)``."""
         r = self.sketch_size
         check_allocation(8 * r, f"the {r} row scales", "use a smaller sketch_size")
-        return np.full(self.sketch_size, math.sqrt(self.input_dim / self.sketch_size))
+        return np.full(r, math.sqrt(self.input_dim / r))
 
     def _reference_columns(self, start, stop, xp):
         return self._columns_from(self._indices(xp), self.scales(), start, stop, xp)

@@ -45,10 +45,11 @@ def _check_blocks(sketch_size: int, nnz: int, name: str) -> None:
     ...
     ValueError: CountSketch draws each nonzero's row within a block of ... = 8589934592 rows from 32 ...
     """
-    if -(-sketch_size // nnz) > MAX_BLOCK_ROWS:
+    block = -(-sketch_size // nnz)  # the largest block's rows
+    if block > MAX_BLOCK_ROWS:
         raise ValueError(
             f"{name} draws each nonzero's row within a block of sketch_size / nnz_per_column = "
-            f"{-(-sketch_size // nnz)} rows from 32 random bits, so a block may hold at most 2**32 rows; "
+            f"{block} rows from 32 random bits, so a block may hold at most 2**32 rows; "
             "use a smaller sketch_size or more nonzeros per column"
         )
     if sketch_size * nnz >= 2**63:

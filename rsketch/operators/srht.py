@@ -52,19 +52,20 @@ class _SubsampledTransform(SketchOperator):
     def rows(self) -> np.ndarray:
         """The ``r`` selected rows of the transform (ascending); O(r) state computed once."""
         if self._rows is None:
+            self._check_rows_memory()
             r = self.sketch_size
-            check_allocation(
-                40 * r, f"the {r} selected rows of a {type(self).__name__}", "use a smaller sketch_size"
-            )
             self._rows = cpu.floyd_sample(self.key[0], self.key[1], self.padded_size, r, STREAM_SELECT)
         return read_only_view(self._rows)  # handed out: a caller's edit must not change S
 
     def reference_rows(self, xp=np):
         """The selected rows from the portable Philox path (must equal :attr:`rows`)."""
-        r = self.sketch_size
+        self._check_rows_memory()
+        return sample_without_replacement(xp, self.key, self.padded_size, self.sketch_size, STREAM_SELECT)
+
+    def _check_rows_memory(self) -> None:
+        r = self.sketch_size  # the sampled rows and the sampler's work: 40 bytes a row
         what = f"the {r} selected rows of a {type(self).__name__}"
         check_allocation(40 * r, what, "use a smaller sketch_size")
-        return sample_without_replacement(xp, self.key, self.padded_size, self.sketch_size, STREAM_SELECT)
 
     def signs(self, start=0, stop=None, xp=np):
         """The diagonal signs ``D[start:stop]`` (float64 +-1)."""

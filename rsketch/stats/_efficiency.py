@@ -34,6 +34,7 @@ from scipy.special import ndtr, ndtri
 from tqdm.auto import tqdm
 
 from rsketch._backend import array_namespace, check_same_library, is_non_numpy_array, like, to_host
+from rsketch._exact_scaling import max_abs, shift_down
 from rsketch._validation import (
     EFFICIENCY_METHODS,
     check_allocation,
@@ -265,17 +266,9 @@ def _equilibrated(X):
     SVD loses the small columns' directions besides. The largest entry, not the norm: a column's norm
     under- or overflows (entries near 1e-170 or 1e170), its largest entry never does.
     """
-    xp = array_namespace(X)
-    top = np.asarray(to_host(xp.max(xp.abs(X), axis=0)), dtype=np.float64)
+    top = np.asarray(max_abs(X, axis=0), dtype=np.float64)
     exponents = np.where(top > 0, np.frexp(top)[1], 0)
-    if not exponents.any():
-        return X
-    if np.abs(exponents).max() <= 1000:
-        return X * like(np.ldexp(1.0, -exponents), X)
-    # In two halves: 2.0**-e alone under- or overflows for e beyond about +-1022 (subnormal or huge
-    # columns); each half stays within range, and so does the intermediate product.
-    half = exponents // 2
-    return (X * like(np.ldexp(1.0, -half), X)) * like(np.ldexp(1.0, half - exponents), X)
+    return shift_down(X, exponents) if exponents.any() else X  # exact, in X's library
 
 
 def orthonormal_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

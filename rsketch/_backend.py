@@ -45,6 +45,21 @@ def is_non_numpy_array(a) -> bool:
     )
 
 
+def numpy_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a dtype of any array library (CuPy's are NumPy's; others by their name).
+
+    Examples
+    --------
+    >>> import array_api_strict as xps
+    >>> numpy_dtype(xps.float32), numpy_dtype(np.float64)
+    (dtype('float32'), dtype('float64'))
+    """
+    try:
+        return np.dtype(dtype)
+    except TypeError:  # array_api_strict's dtypes, for one: "array_api_strict.float32"
+        return np.dtype(str(dtype).rsplit(".", 1)[-1])
+
+
 def to_host(a) -> np.ndarray:
     """``a`` on the host: copied from the device for CuPy, shared (DLPack) for another host library;
     NumPy arrays and SciPy matrices as they are.

@@ -6,7 +6,8 @@ subnormal, with fewer bits). The solvers (``rsketch.lstsq``), the operators' pro
 leverage scores therefore work on ``A 2^-a``, with ``a`` chosen so that the largest entry is near
 one, and scale the answer back. Scaling by a power of two is exact (``numpy.ldexp``), so the scaled
 problem has exactly the same solution. Data within ``[2^-200, 2^200]`` is left alone: the common case
-costs nothing and keeps its bits.
+costs nothing and keeps its bits. float32 arithmetic has its own, narrower range (``[2^-40, 2^40]``):
+its squares overflow beyond ``1.8e19``.
 
 Examples
 --------
@@ -24,24 +25,36 @@ import array_api_compat
 import numpy as np
 import scipy.sparse as sp
 
-from rsketch._backend import array_namespace, is_non_numpy_array, to_host
+from rsketch._backend import array_namespace, is_non_numpy_array, numpy_dtype, to_host
 
-# Largest entries in [2^LO, 2^HI] need no scaling: their squares, and sums of a billion of them, stay
-# normal floats.
-SAFE_LO, SAFE_HI = -200, 200
+# Largest entries in [2^lo, 2^hi] need no scaling: their squares, and sums of a billion (2^30) of
+# them, stay normal floats of the dtype the arithmetic runs in (float64 up to 2^1024, float32 up to
+# 2^128: 2 * 40 + 30 = 110). float64's range served float32 too, and a float32 Gram of entries 1e20
+# was left to overflow: eigh raised LinAlgError, SRHT gave inf for a finite S @ A.
+SAFE_RANGE = {np.dtype(np.float64): (-200, 200), np.dtype(np.float32): (-40, 40)}
 
 
-def safe_shift(amax: float) -> int:
-    """The ``a`` with ``amax 2^-a`` in ``[1, 2)``, or 0 when ``amax`` is zero or in the safe range.
+def safe_shift(amax: float, dtype=np.float64) -> int:
+    """The ``a`` with ``amax 2^-a`` in ``[1, 2)``, or 0 when ``amax`` is zero or in the safe range of
+    ``dtype``, the arithmetic's (float64 unless float32).
 
     Examples
     --------
     >>> safe_shift(1e300), safe_shift(3.0), safe_shift(5e-324)
     (996, 0, -1074)
+    >>> safe_shift(1e20), safe_shift(1e20, np.float32)
+    (0, 66)
     """
-    if not amax > 0 or 2.0**SAFE_LO <= amax <= 2.0**SAFE_HI:
+    lo, hi = SAFE_RANGE[_arithmetic_dtype(dtype)]
+    if not amax > 0 or 2.0**lo <= amax <= 2.0**hi:
         return 0
     return math.frexp(amax)[1] - 1
+
+
+def _arithmetic_dtype(dtype) -> np.dtype:
+    """float32 for float32 (and complex64), float64 for everything else."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype in (np.float32, np.complex64) else np.dtype(np.float64)
 
 
 def max_abs(A, axis=None):
@@ -86,8 +99,10 @@ def shift_down(A, shifts):
 
 
 def scale_columns(Y) -> tuple[object, np.ndarray]:
-    """``(Y 2^-b_j, b)``: each column's largest entry brought near one when out of the safe range."""
-    shifts = np.array([safe_shift(float(a)) for a in max_abs(Y, axis=0)], dtype=np.int64)
+    """``(Y 2^-b_j, b)``: each column's largest entry brought near one when out of the safe range of
+    ``Y``'s dtype (float32's for float32 ``Y``)."""
+    dtype = numpy_dtype(Y.dtype)
+    shifts = np.array([safe_shift(float(a), dtype) for a in max_abs(Y, axis=0)], dtype=np.int64)
     if not shifts.any():
         return Y, shifts
     Y = shift_down(Y, shifts)
@@ -95,6 +110,6 @@ def scale_columns(Y) -> tuple[object, np.ndarray]:
 
 
 def scale_design(X):
-    """``(X 2^-a, a)`` from the largest entry of ``X`` (one pass over ``X``)."""
-    shift = safe_shift(float(max_abs(X)))
+    """``(X 2^-a, a)`` from the largest entry of ``X`` (one pass over ``X``), as :func:`scale_columns`."""
+    shift = safe_shift(float(max_abs(X)), numpy_dtype(X.dtype))
     return (X, 0) if shift == 0 else (shift_down(X, shift), shift)

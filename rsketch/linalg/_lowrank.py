@@ -353,7 +353,7 @@ def _orth(Y, scratch=None):
         if not np.isfinite(G).all():  # only the range matters: scaled by a power of two (exact)
             if not np.isfinite(source).all():
                 raise _overflow()
-            source *= np.ldexp(1.0, -safe_shift(float(np.abs(source).max())))
+            source *= np.ldexp(1.0, -safe_shift(float(np.abs(source).max()), source.dtype))
             G = source.T @ source
         try:
             L = np.linalg.cholesky(G)

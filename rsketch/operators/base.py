@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from array_api_compat import device as array_device
 from scipy.sparse.linalg import LinearOperator
 
-from rsketch._backend import array_namespace, is_device_sparse, numpy_namespace
+from rsketch._backend import array_namespace, is_device_sparse, numpy_dtype, numpy_namespace
 from rsketch._exact_scaling import scale_columns, shift_down
 from rsketch._random import key_from_seed
 from rsketch._validation import (
@@ -447,10 +447,7 @@ def _transposed(A):
 
 def _itemsize(dtype) -> int:
     """Bytes per value of a float32/float64 dtype of any array namespace."""
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
-        return 4 if "float32" in str(dtype) else 8
+    return numpy_dtype(dtype).itemsize
 
 
 def canonical_csr(A):

@@ -354,3 +354,19 @@ def test_leverage_scores_of_a_at_any_scale_are_those_of_a(method, scale):
     rtol = 1e-9 if scale < 2.0**-1022 else 1e-12
     np.testing.assert_allclose(S.scores, ref.scores, rtol=rtol, atol=1e-15)
     assert np.array_equal(S.indices(), ref.indices())
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "srht", "srdct", "countsketch", "sparse_sign"])
+def test_a_finite_float32_product_near_the_float32_range_is_finite(kind):
+    # The overflow retry scaled only columns beyond float64's safe range (2^200): a float32 SRHT of
+    # entries near 1e38 gave inf where every exact entry was finite
+    A = np.random.default_rng(0).standard_normal((3000, 3)).astype(np.float32)
+    A[10, 1] = A[11, 1] = np.float32(3e38)
+    S = rsketch.make_sketch(kind, 3000, 100, seed=3, dtype=np.float32)
+    exact = S.to_dense().astype(np.float64) @ A.astype(np.float64)
+    assert np.abs(exact).max() < np.finfo(np.float32).max
+    got = S @ A
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    for j in range(3):
+        np.testing.assert_allclose(got[:, j], exact[:, j], rtol=1e-4, atol=1e-5 * np.abs(exact[:, j]).max())
+

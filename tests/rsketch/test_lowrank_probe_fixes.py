@@ -131,3 +131,21 @@ def test_nystrom_reports_a_negative_eigenvalue_in_as_units():
     low, high = reported(A)
     assert low < 0 and -1.0 <= low and high <= 3.0
     assert reported(A * 2.0**40) == pytest.approx((low * 2.0**40, high * 2.0**40), rel=1e-2)
+
+
+@pytest.mark.parametrize("scale", [2.0**50, 2.0**83, 2.0**-83])  # powers of two: M * scale is exact
+@pytest.mark.parametrize("fn", ["eigh", "svd", "nystrom"])
+def test_float32_low_rank_at_scales_whose_squares_leave_float32(fn, scale):
+    # The orthonormalisation rescaled a Gram that overflowed by float64's safe range, which left
+    # float32 entries of 1e15-1e30 alone: eigh raised LinAlgError ("SVD did not converge") at
+    # 1e15, svd warned of overflow in matmul at 1e18-1e30
+    A32 = (A / np.abs(A).max()).astype(np.float32)
+    M = (A32.T @ A32).astype(np.float32) if fn != "svd" else A32
+    call = {"eigh": rsketch.eigh, "svd": rsketch.svd, "nystrom": rsketch.nystrom}[fn]
+    base = call(M, 5, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = call((M * np.float32(scale)).astype(np.float32), 5, seed=0)
+    values = {"svd": "s"}.get(fn, "eigenvalues")
+    assert getattr(res, values).dtype == np.float32
+    np.testing.assert_allclose(getattr(res, values)[:5] / scale, getattr(base, values)[:5], rtol=1e-5)

@@ -11,7 +11,7 @@ from rsketch._random import derive_key, key_from_seed
 from rsketch._validation import MAX_INDEX, check_allocation, check_float_dtype, check_int
 from rsketch.dask._sketch import check_dask_operand
 from rsketch.operators.gaussian import GaussianSketch
-from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, LeverageSampling, check_uniform_mix
+from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, LeverageSampling, check_uniform_mix, leverage_rank
 from rsketch.operators.srht import SRHT
 
 #: Passes over ``A`` that :func:`leverage_sampling` makes for its scores (:func:`approximate_leverage`).
@@ -48,11 +48,7 @@ def approximate_leverage(A, key) -> np.ndarray:
             "float64; scale A by a power of two first (the scores do not change), or use another sketch"
         )
     _, s, Vt = scipy.linalg.svd(SA, full_matrices=False, check_finite=False)
-    rank = int(np.sum(s > s[0] * max(SA.shape) * np.finfo(np.float64).eps)) if s[0] > 0 else 0
-    if rank == 0:
-        raise ValueError(
-            "A is zero (rank 0): its leverage scores are undefined; pass scores=... or use uniform sampling"
-        )
+    rank = leverage_rank(s, SA.shape, A.dtype)  # ValueError for a zero A
     Omega = (Vt[:rank].T / s[:rank]) @ GaussianSketch(
         rank, r2, seed=np.random.SeedSequence(list(derive_key(key, 2)))
     ).to_dense().T

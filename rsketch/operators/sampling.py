@@ -371,20 +371,29 @@ def exact_leverage(A) -> np.ndarray:
     )
     dense = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
     U, s, _ = scipy.linalg.svd(dense, full_matrices=False, check_finite=False)
-    rank = leverage_rank(s, dense.shape)
+    rank = leverage_rank(s, dense.shape, A.dtype)
     return np.einsum("ij,ij->i", U[:, :rank], U[:, :rank])
 
 
-def leverage_rank(s, shape) -> int:
-    """The columns of ``U`` that carry leverage: the singular values ``s`` of a matrix of ``shape`` above
-    ``max(shape) eps s_1``; ``ValueError`` for a zero matrix.
+def leverage_rank(s, shape, dtype=np.float64) -> int:
+    """The columns of ``U`` that carry leverage: the singular values ``s`` of a matrix of ``shape`` and
+    ``dtype`` above ``max(shape) eps s_1``, ``eps`` float32's for float32 data and float64's otherwise
+    (NumPy's ``matrix_rank`` rule); ``ValueError`` for a zero matrix.
+
+    With float64's ``eps`` for float32 data, the rounding of a rank-5 float32 matrix counted as 5 more
+    directions: its exact scores summed to 10, and the approximate ones, whose ``R^-1`` then scaled
+    the float32 rounding up by ``1e7``, to 19.8.
 
     Examples
     --------
     >>> leverage_rank(np.array([2.0, 1.0, 1e-20]), (10, 3))
     2
+    >>> s = np.array([2.0, 1.0, 1e-7])
+    >>> leverage_rank(s, (10, 3)), leverage_rank(s, (10, 3), np.float32)
+    (3, 2)
     """
-    rank = int(np.sum(s > s[0] * max(shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
+    eps = np.finfo(np.float32 if np.dtype(dtype) == np.float32 else np.float64).eps
+    rank = int(np.sum(s > s[0] * max(shape) * eps)) if s.size and s[0] > 0 else 0
     if rank == 0:
         raise _zero_matrix_error()
     return rank
@@ -411,9 +420,7 @@ def approximate_leverage(A, key) -> np.ndarray:
     SA = Pi1 @ A
     # Pseudo-inverse factor of Pi1 A by SVD: robust to rank deficiency (R^{-1} = V diag(1/s)).
     _, s, Vt = scipy.linalg.svd(SA, full_matrices=False, check_finite=False)
-    rank = int(np.sum(s > s[0] * max(SA.shape) * np.finfo(np.float64).eps)) if s[0] > 0 else 0
-    if rank == 0:
-        raise _zero_matrix_error()
+    rank = leverage_rank(s, SA.shape, A.dtype)
     Rinv = Vt[:rank].T / s[:rank]
     # N(0, 1/r2) entries, so E[||x Pi2||^2] = ||x||^2 (a JL projection of the rows of A R^-1).
     Pi2 = GaussianSketch(rank, r2, seed=np.random.SeedSequence(list(derive_key(key, 2)))).to_dense().T

@@ -226,3 +226,14 @@ def test_a_finite_sketch_near_the_float_range_is_finite_on_dask(kind):
     assert np.isfinite(got).all()
     for j in range(4):
         np.testing.assert_allclose(got[:, j], exact[:, j], rtol=1e-10, atol=1e-12 * np.abs(exact[:, j]).max())
+
+
+def test_dask_leverage_scores_of_a_rank_deficient_float32_a_count_its_float32_rank():
+    # float64's eps for float32 chunks: the rounding of a rank-5 A counted as 5 more directions, and
+    # R^-1 scaled it up by 1e7 (the scores summed to about 20 where the float64 ones sum to 4.2)
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((2000, 5)) @ rng.standard_normal((5, 10))
+    key = (1, 2)
+    s32 = rsketch.dask.approximate_leverage(da.from_array(A.astype(np.float32), chunks=500), key)
+    s64 = rsketch.dask.approximate_leverage(da.from_array(A, chunks=500), key)
+    np.testing.assert_allclose(s32, s64, rtol=1e-4, atol=1e-7)

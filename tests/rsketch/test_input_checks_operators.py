@@ -370,3 +370,18 @@ def test_a_finite_float32_product_near_the_float32_range_is_finite(kind):
     for j in range(3):
         np.testing.assert_allclose(got[:, j], exact[:, j], rtol=1e-4, atol=1e-5 * np.abs(exact[:, j]).max())
 
+
+@pytest.mark.parametrize("method", ["exact", "approx"])
+def test_leverage_scores_of_a_rank_deficient_float32_a_count_its_float32_rank(method):
+    # The rank rule used float64's eps for float32 data: the rounding of a rank-5 float32 A counted as
+    # 5 more directions (exact scores summed to 10; approximate ones, through an R^-1 that scaled the
+    # rounding up by 1e7, to 19.8). NumPy's matrix_rank gives 5.
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((2000, 5)) @ rng.standard_normal((5, 10))
+    A32 = A.astype(np.float32)
+    assert np.linalg.matrix_rank(A32) == 5
+    S32 = rsketch.LeverageSampling.from_matrix(A32, 100, seed=0, method=method)
+    S64 = rsketch.LeverageSampling.from_matrix(A, 100, seed=0, method=method)
+    np.testing.assert_allclose(S32.scores, S64.scores, rtol=1e-4, atol=1e-7)
+    if method == "exact":
+        assert S32.scores.sum() == pytest.approx(5.0, rel=1e-6)

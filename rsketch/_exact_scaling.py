@@ -68,6 +68,30 @@ def max_abs(A, axis=None):
     return np.max(np.abs(data), axis=axis) if data.size else np.zeros(A.shape[1] if axis == 0 else ())
 
 
+def unit_exponent(amax: float) -> int:
+    """The ``e`` with ``amax 2^-e`` in ``[1/2, 1)``, always (not only outside the safe range); 0 for a
+    zero, infinite or NaN ``amax``.
+
+    Examples
+    --------
+    >>> unit_exponent(3.0), unit_exponent(1e-300), unit_exponent(0.0)
+    (2, -996, 0)
+    """
+    return math.frexp(amax)[1] if 0 < amax < math.inf else 0
+
+
+def unit_exponents(top) -> np.ndarray:
+    """:func:`unit_exponent` of each of ``top`` (for example each column's largest entry).
+
+    Examples
+    --------
+    >>> unit_exponents(np.array([3.0, 0.0, 0.25])).tolist()
+    [2, 0, -1]
+    """
+    top = np.asarray(top, dtype=np.float64)
+    return np.where((top > 0) & (top < math.inf), np.frexp(top)[1], 0)
+
+
 def shift_down(A, shifts):
     """``A 2^-shifts`` (exact: only exponents move; ``shifts`` an int, or one per column) in ``A``'s
     library and dtype; a SciPy sparse ``A`` as a copy of its format.

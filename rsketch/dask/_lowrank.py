@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from rsketch._exact_scaling import unit_exponent
 from rsketch.dask._sketch import check_dask_operand
 from rsketch.linalg import _common
 
@@ -72,9 +73,9 @@ def orth(Y, A):
         with np.errstate(over="ignore", invalid="ignore"):
             G = np.asarray((Q.T @ Q).compute(), dtype=np.float64)
         if not np.isfinite(G).all() and i == 0:
-            top = float(abs(Y).max().compute())
-            if np.isfinite(top) and top > 0:
-                Y = (Y * np.ldexp(1.0, -int(np.frexp(top)[1]))).persist()
+            e = unit_exponent(float(abs(Y).max().compute()))
+            if e:
+                Y = (Y * np.ldexp(1.0, -e)).persist()
                 Q = Y
                 G = np.asarray((Q.T @ Q).compute(), dtype=np.float64)
         if not np.isfinite(G).all():

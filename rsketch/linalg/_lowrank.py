@@ -22,7 +22,7 @@ from scipy.sparse.linalg import LinearOperator
 
 import rsketch.linalg._lowrank_array as array_lowrank
 from rsketch._backend import is_non_numpy_array, like, to_host
-from rsketch._exact_scaling import safe_shift
+from rsketch._exact_scaling import max_abs, safe_shift, unit_exponent
 from rsketch._validation import (
     check_allocation,
     check_int,
@@ -319,13 +319,6 @@ def _overflow(name="A"):
         f"products with {name} are not finite: its entries are too large for their sums (or a "
         f"LinearOperator returned NaN/inf); scale {name}, for example by a power of two near 1 / max|{name}|"
     )
-
-
-def _exponent(Y) -> int:
-    """``e`` with ``Y / 2**e`` of largest entry in ``[1/2, 1)``; 0 for a zero or non-finite ``Y`` (the
-    latter is refused where its square sums are formed): the Nyström methods work on ``A / 2**e``."""
-    largest = float(np.abs(Y).max()) if Y.size else 0.0
-    return math.frexp(largest)[1] if 0 < largest < math.inf else 0
 
 
 def _orth(Y, scratch=None):
@@ -1080,7 +1073,7 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
         return NystromResult(Omega, np.zeros(width, dtype), 0.0)
     # The method is homogeneous in A: Y of the scaled 2^-e A (exact), with |Y| up to one, keeps the
     # core's products in range whatever A's scale (entries near 1e308 overflowed in Omega.T Y).
-    e = _exponent(Y)
+    e = unit_exponent(float(max_abs(Y)))  # 0 for a non-finite Y: refused where its squares are summed
     Y = np.ldexp(Y, -e)
     eps = np.finfo(dtype).eps
     nu = math.sqrt(n) * eps * float(np.linalg.norm(Y, 2))

@@ -24,13 +24,13 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
+from rsketch._exact_scaling import max_abs, shift_down, unit_exponent, unit_exponents
 from rsketch._validation import check_int, check_real, check_seed, seed_sequence
 from rsketch.linalg._gram import GramOperator, sketch_matrix
 from rsketch.linalg._lowrank import (
     NystromResult,
     _check_matrix,
     _cholqr_limit,
-    _exponent,
     _overflow,
     _psd_core,
     check_symmetric,
@@ -234,14 +234,13 @@ def nystrom_pcg(
     # scaled. Its scalars and norms then neither underflow nor overflow: b of 1e-300 came back as
     # x = 0, "converged"; b of 1e-150, or A of 1e-300, met a division by zero; b of 1e160 gave x = 0.
     top = float(approx.eigenvalues.max(initial=0.0))
-    e = math.frexp(max(top, mu) if top < math.inf else mu)[1]  # ||A + mu I|| ~ 2**e: nothing overflows
+    e = unit_exponent(max(top, mu) if top < math.inf else mu)  # ||A + mu I|| ~ 2**e: nothing overflows
     A_e, mu_e = _Scaled(A, e), math.ldexp(mu, -e)
     approx_e = NystromResult(approx.U, np.ldexp(approx.eigenvalues, -e), _ldexp(approx.shift, -e))
     P_inv = nystrom_preconditioner(approx_e, mu_e)
     B = b.reshape(n, -1).astype(np.result_type(dtype, b.dtype, np.float32), copy=False)
-    largest = np.abs(B).max(axis=0)
-    shift = np.where(largest > 0, np.frexp(largest)[1], 0)
-    B = np.ldexp(B, -shift).astype(B.dtype, copy=False)
+    shift = unit_exponents(max_abs(B, axis=0))
+    B = shift_down(B, shift)
     X = np.zeros_like(B)
     its, norms = 0, np.zeros(B.shape[1])
     for j in range(B.shape[1]):
@@ -373,7 +372,8 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         if AG.shape != (n, width - l) or AG.dtype.kind != "f":
             raise ValueError(_product_error(AG, G if G is not None else np.empty((n, width - l))))
         if e is None:  # Y's squares must neither underflow nor overflow: A of 1e-170 gave a zero
-            e = _exponent(AG)  # approximation (CG took 251 iterations for 3), 1e155 an error
+            # approximation (CG took 251 iterations for 3), 1e155 an error
+            e = unit_exponent(float(max_abs(AG)))
         if e:
             AG = np.ldexp(AG, -e).astype(dtype, copy=False)
         if drawn:

@@ -34,7 +34,7 @@ from scipy.special import ndtr, ndtri
 from tqdm.auto import tqdm
 
 from rsketch._backend import array_namespace, check_same_library, is_non_numpy_array, like, to_host
-from rsketch._exact_scaling import max_abs, shift_down
+from rsketch._exact_scaling import max_abs, shift_down, unit_exponents
 from rsketch._validation import (
     EFFICIENCY_METHODS,
     check_allocation,
@@ -266,8 +266,7 @@ def _equilibrated(X):
     SVD loses the small columns' directions besides. The largest entry, not the norm: a column's norm
     under- or overflows (entries near 1e-170 or 1e170), its largest entry never does.
     """
-    top = np.asarray(max_abs(X, axis=0), dtype=np.float64)
-    exponents = np.where(top > 0, np.frexp(top)[1], 0)
+    exponents = unit_exponents(max_abs(X, axis=0))
     return shift_down(X, exponents) if exponents.any() else X  # exact, in X's library
 
 

@@ -612,14 +612,9 @@ def _block_krylov(A, K, width, scratch, keep):
             np.matmul((done.T @ block).T, done.T, out=scratch.T)
             block -= scratch
         _orth_into(block, scratch)
-        if np.abs(done.T @ block).max() > KRYLOV_ORTH_TOL:
+        if np.abs(done.T @ block).max() > array_lowrank.KRYLOV_ORTH_TOL[K.dtype]:  # noise: A's rank is spent
             return _reorthonormalize(K[:, : (j + 1) * width], keep)
     return K
-
-
-# A Krylov block that A's range no longer feeds (A of lower rank than the space) is rounding noise
-# that CGS2 cannot make orthogonal to the earlier blocks; checked after each block.
-KRYLOV_ORTH_TOL = 1e-10
 
 
 def _reorthonormalize(K, keep):

@@ -16,8 +16,11 @@ from rsketch._backend import like, to_host
 from rsketch._validation import check_finite
 
 # A Krylov block that A's range no longer feeds (A of lower rank than the space) is rounding noise
-# that CGS2 cannot make orthogonal to the earlier blocks (as in rsketch.linalg._lowrank).
-KRYLOV_ORTH_TOL = 1e-10
+# that CGS2 cannot make orthogonal to the earlier blocks (O(1) left); checked after each block, here
+# and in rsketch.linalg._lowrank. A block that A still feeds leaves about 1e-14 in float64 and 1e-7 in
+# float32: 1e-10 for both had stopped every float32 Krylov space at its second block (svd's singular
+# values 2.5e-2 off at any passes, against 1.2e-7 from the float32 Dask path).
+KRYLOV_ORTH_TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-4}
 
 
 def refuse(A, name="A"):
@@ -83,7 +86,7 @@ def basis(A, Z, rounds, method, keep=None, W=None):
         for _ in range(2):  # CGS2 against the space so far
             block = block - done @ (xp.matrix_transpose(done) @ block)
         block = orth(block)
-        if float(xp.max(xp.abs(xp.matrix_transpose(done) @ block))) > KRYLOV_ORTH_TOL:
+        if float(xp.max(xp.abs(xp.matrix_transpose(done) @ block))) > KRYLOV_ORTH_TOL[np.dtype(_dtype_of(A))]:
             if keep is not None:
                 keep.clear()  # the projections kept on the way no longer apply
             return orth(xp.concat(blocks + [block], axis=1)), AW

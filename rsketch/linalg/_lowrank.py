@@ -990,19 +990,20 @@ def check_symmetric(A, name="A"):
 PSD_ROUNDING = 10.0
 
 
-def _psd_core(cross, omega_gram, nu, n, caller, exponent=0):
+def _psd_core(cross, omega_gram, nu, n, caller, exponent=0, eps=None):
     """``(C, nu)``: the upper Cholesky factor ``C`` of ``cross + nu omega_gram`` (``cross = Omega.T A
     Omega``, symmetric; ``omega_gram = Omega.T Omega``), the stable Nyström method's core, and the
     shift used. Where the Cholesky fails on eigenvalues within rounding of zero (see
     :data:`PSD_ROUNDING`), the shift grows past them (any shift is exact in exact arithmetic; it only
     hides eigenvalues below it, rounding here); where one is below that, ``A`` is not PSD: a
-    ``ValueError`` with the eigenvalue (in ``A``'s units where ``cross`` is of ``A / 2**exponent``)."""
+    ``ValueError`` with the eigenvalue (in ``A``'s units where ``cross`` is of ``A / 2**exponent``).
+    ``eps``: the rounding unit of the products in ``cross`` (default: ``cross``'s dtype's)."""
     for _ in range(2):
         try:
             return scipy.linalg.cholesky(cross + nu * omega_gram, lower=False, check_finite=False), nu
         except np.linalg.LinAlgError:
             w = scipy.linalg.eigvalsh(cross, omega_gram, check_finite=False)
-        eps = np.finfo(cross.dtype).eps
+        eps = np.finfo(cross.dtype).eps if eps is None else eps
         if not w[0] >= -PSD_ROUNDING * n * eps * max(w[-1], 0.0):
             break
         nu = max(2 * nu, nu + 2 * abs(w[0]) + n * eps * max(w[-1], 0.0))

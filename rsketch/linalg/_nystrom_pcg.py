@@ -349,13 +349,21 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     return _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, drawn=False)
 
 
+#: The working precision of the adaptive rounds' ``Y`` and ``l x l`` core, for float32 and float64 ``A``.
+#: The core squares ``Y`` (``B.T B = C^-T Y_nu.T Y_nu C^-1``) and ``U = B V Sigma^-1`` scales its error
+#: by ``sigma_1 / sigma_i``: in float32, ``U`` came out 27 away from orthonormal and the preconditioner
+#: indefinite (CG stopped at ``max_iter`` with a residual of 0.075, or worse than ``x = 0``). ``A``'s
+#: products stay in its precision (the shift ``nu`` accounts for their rounding).
+ROUNDS_DTYPE = np.float64
+
+
 def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *, drawn):
     """The rounds of :func:`_adaptive_nystrom`; None where the drawn blocks are ill-conditioned."""
     Omega = None if drawn else np.empty((n, max_rank), dtype, order="F")
-    Y = np.empty((n, max_rank), dtype, order="F")
-    YtY = np.empty((max_rank, max_rank), dtype)
-    cross = np.empty((max_rank, max_rank), dtype)  # Omega.T Y = Omega.T A Omega, symmetric
-    omega_gram = np.eye(max_rank, dtype=dtype)  # Omega.T Omega
+    Y = np.empty((n, max_rank), ROUNDS_DTYPE, order="F")
+    YtY = np.empty((max_rank, max_rank), ROUNDS_DTYPE)
+    cross = np.empty((max_rank, max_rank), ROUNDS_DTYPE)  # Omega.T Y = Omega.T A Omega, symmetric
+    omega_gram = np.eye(max_rank, dtype=ROUNDS_DTYPE)  # Omega.T Omega
     blocks = []  # drawn: (first column, the block as an (l_i, n) matrix, sparse for a sparse sign)
     l, width = 0, min(start, max_rank)
     applies_sketch = isinstance(A, GramOperator)  # S applied by A itself (a sparse sign from its pattern)
@@ -375,7 +383,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
             # approximation (CG took 251 iterations for 3), 1e155 an error
             e = unit_exponent(float(max_abs(AG)))
         if e:
-            AG = np.ldexp(AG, -e).astype(dtype, copy=False)
+            AG = np.ldexp(AG, -e)
         if drawn:
             blocks.append((l, block))
             Y[:, new] = AG
@@ -408,7 +416,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         if nu == 0:  # A Omega = 0: for a PSD A the approximation is zero (the preconditioner, I)
             return NystromResult(np.zeros((n, l), dtype), np.zeros(l, dtype), 0.0), l
         core = (cross[:l, :l] + cross[:l, :l].T) / 2
-        C_nu, nu = _psd_core(core, omega_gram[:l, :l], nu, n, "nystrom_pcg", e)
+        C_nu, nu = _psd_core(core, omega_gram[:l, :l], nu, n, "nystrom_pcg", e, eps=np.finfo(dtype).eps)
         gram = YtY[:l, :l] + nu * (cross[:l, :l] + cross[:l, :l].T) + nu**2 * omega_gram[:l, :l]
         half = scipy.linalg.solve_triangular(C_nu, gram, trans="T", check_finite=False)  # C^-T (Y_nu.T Y_nu)
         BtB = scipy.linalg.solve_triangular(C_nu, half.T, trans="T", check_finite=False)
@@ -428,7 +436,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
             _add_transpose(Y_nu[:, first : first + M.shape[0]], nu, M)
     else:
         Y_nu += nu * Omega[:, :l]
-    U = Y_nu @ W  # B V Sigma^-1, a zero column where lambda is zero
+    U = (Y_nu @ W).astype(dtype, copy=False)  # B V Sigma^-1, a zero column where lambda is zero
     return NystromResult(U, np.ldexp(lam, e).astype(dtype, copy=False), _ldexp(nu, e)), l
 
 

@@ -170,3 +170,21 @@ def test_float32_block_krylov_uses_all_its_passes(library):
     res = rsketch.svd(B, 3, seed=0)
     np.testing.assert_allclose(res.s, np.linalg.svd(B.astype(np.float64), compute_uv=False)[:3], rtol=1e-5)
     assert np.allclose(res.U.T @ res.U, np.eye(3), atol=1e-5)
+
+
+def test_float32_adaptive_nystrom_pcg_builds_a_definite_preconditioner():
+    # The adaptive rounds formed the l x l core B.T B, and U = B V Sigma^-1, in float32: U came out
+    # 27 away from orthonormal, the preconditioner indefinite (an eigenvalue of -13), and CG stopped
+    # at max_iter with a residual of 0.075. The rounds now run in float64 on float32 products.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((1000, 2000)) * np.exp(-np.arange(2000) / 60)
+    A64 = X.T @ X
+    b = rng.standard_normal(2000)
+    x = np.linalg.solve(A64 + 1e-2 * np.eye(2000), b)
+    res = rsketch.nystrom_pcg(A64.astype(np.float32), b, 1e-2, seed=0)
+    assert res.converged and res.iterations < 100
+    assert np.linalg.norm(res.x - x) <= 1e-6 * np.linalg.norm(x)
+    U = res.preconditioner.U
+    assert U.dtype == np.float32
+    U = U[:, np.linalg.norm(U, axis=0) > 0].astype(np.float64)  # zero columns: unresolved eigenvalues
+    assert np.linalg.norm(U.T @ U - np.eye(U.shape[1]), 2) < 1e-2

@@ -247,9 +247,15 @@ def test_residuals_are_those_of_x_and_converged_means_tol_or_the_rounding_floor(
         assert res.converged
         ref = np.linalg.solve(A64 + mu * np.eye(500), y)
         assert np.linalg.norm(x64 - ref) <= 1e3 * np.finfo(dtype).eps * np.linalg.norm(ref)
-    # float32 cannot reach mu = 1e-4 here (cond(A + mu I) u = 0.4): not converged, and says why
+    # mu = 1e-4 in float32 (cond(A + mu I) u = 0.2): within the floor and accurate (with the adaptive
+    # rounds' core in float32 its preconditioner was indefinite, and this was not converged)
+    A32, b32 = (X.T @ X).astype(np.float32), y.astype(np.float32)
+    res = nystrom_pcg(A32, b32, 1e-4, seed=0)
+    ref = np.linalg.solve(A32.astype(np.float64) + 1e-4 * np.eye(500), b32.astype(np.float64))
+    assert res.converged and np.linalg.norm(res.x - ref) <= 1e-5 * np.linalg.norm(ref)
+    # stopped early it is not converged, and says why
     with pytest.warns(ConvergenceWarning, match="above tol=1e-12 and the rounding floor of float32"):
-        res = nystrom_pcg((X.T @ X).astype(np.float32), y.astype(np.float32), 1e-4, seed=0)
+        res = nystrom_pcg(A32, b32, 1e-4, seed=0, max_iter=5)
     assert not res.converged
 
 

@@ -24,8 +24,9 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
+from rsketch._backend import is_non_numpy_array
 from rsketch._exact_scaling import max_abs, shift_down, unit_exponent, unit_exponents
-from rsketch._validation import check_int, check_real, check_seed, seed_sequence
+from rsketch._validation import check_int, check_operand, check_real, check_seed, seed_sequence
 from rsketch.linalg._gram import GramOperator, sketch_matrix
 from rsketch.linalg._lowrank import (
     NystromResult,
@@ -192,13 +193,11 @@ def nystrom_pcg(
         raise ValueError(
             f"mu must be a finite number > 0 (the regularisation makes A + mu I definite), got {mu}"
         )
-    b = np.asarray(b)
-    if b.dtype.kind not in "iuf" or b.ndim not in (1, 2) or b.shape[0] != n or b.size == 0:
-        raise ValueError(
-            f"b must be a real array of shape ({n},) or ({n}, k), k >= 1, got {b.dtype} {b.shape}"
-        )
-    if not np.isfinite(b).all():
-        raise ValueError("b contains NaN or infinite values")
+    if sp.issparse(b) or is_non_numpy_array(b):
+        raise TypeError(f"b must be a dense NumPy array of shape ({n},) or ({n}, k), got {type(b).__name__}")
+    # as every operand: complex a TypeError, bool and integers float64, float16 float32, longdouble
+    # float64 (it had come back as a float128 x; bool was refused, complex a ValueError)
+    b, b_is_vector = check_operand(b, n, "b")
     tol = check_real(tol, "tol")
     if not 0 < tol < 1:
         raise ValueError(f"tol must lie in (0, 1), got {tol}")
@@ -238,7 +237,7 @@ def nystrom_pcg(
     A_e, mu_e = _Scaled(A, e), math.ldexp(mu, -e)
     approx_e = NystromResult(approx.U, np.ldexp(approx.eigenvalues, -e), _ldexp(approx.shift, -e))
     P_inv = nystrom_preconditioner(approx_e, mu_e)
-    B = b.reshape(n, -1).astype(np.result_type(dtype, b.dtype, np.float32), copy=False)
+    B = b.astype(np.result_type(dtype, b.dtype), copy=False)
     shift = unit_exponents(max_abs(B, axis=0))
     B = shift_down(B, shift)
     X = np.zeros_like(B)
@@ -258,7 +257,7 @@ def nystrom_pcg(
             ConvergenceWarning,
             stacklevel=2,
         )
-    x = X[:, 0] if b.ndim == 1 else X
+    x = X[:, 0] if b_is_vector else X
     return NystromPCGResult(x, its, true, converged, approx, matvecs)
 
 

@@ -197,7 +197,7 @@ def test_bad_input_and_max_iter_warning():
     A, _ = psd(n=50)
     with pytest.raises(ValueError, match="mu must be"):
         nystrom_pcg(A, np.ones(50), 0.0)
-    with pytest.raises(ValueError, match="b must be"):
+    with pytest.raises(ValueError, match="b must have 50 rows"):
         nystrom_pcg(A, np.ones(49), 1.0)
     with pytest.raises(ValueError, match="b contains NaN"):
         nystrom_pcg(A, np.full(50, np.nan), 1.0)
@@ -210,6 +210,21 @@ def test_bad_input_and_max_iter_warning():
     with pytest.warns(ConvergenceWarning, match="max_iter=1"):
         res = nystrom_pcg(A, np.ones(50), 1e-8, rank=2, max_iter=1)
     assert not res.converged
+
+
+def test_b_of_any_real_dtype_is_taken_as_every_operand_is():
+    # b had its own check: a longdouble b gave a float128 x, a bool b was refused, a complex one was
+    # a ValueError; now as check_operand (and S @ A) takes an operand
+    A, _ = psd(n=50)
+    ref = nystrom_pcg(A, np.ones(50), 1.0, seed=0).x
+    for b in (np.ones(50, np.longdouble), np.ones(50, bool), np.ones(50, np.int8), [1.0] * 50):
+        res = nystrom_pcg(A, b, 1.0, seed=0)
+        assert res.x.dtype == np.float64 and np.array_equal(res.x, ref)
+    assert nystrom_pcg(A.astype(np.float32), np.ones(50, np.float16), 1.0, seed=0).x.dtype == np.float32
+    with pytest.raises(TypeError, match="b must be real-valued"):
+        nystrom_pcg(A, np.ones(50, complex), 1.0)
+    with pytest.raises(TypeError, match="b must be a dense NumPy array"):
+        nystrom_pcg(A, sp.csr_matrix(np.ones((50, 1))), 1.0)
 
 
 def test_a_zero_or_rounding_level_psd_matrix_is_psd():

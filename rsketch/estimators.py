@@ -25,6 +25,7 @@ from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg
 from rsketch.linalg._common import frobenius_norm
 from rsketch.linalg._lowrank import RANGE_METHODS
 from rsketch.operators import SketchOperator
+from rsketch.operators.base import canonical_csr
 
 # A ridge design this wide gets Nyström-preconditioned CG on the normal equations (issue 21): the
 # augmented sketch-and-precondition would factor a sketch of at least p x p (O(p^3)) and sketch the
@@ -785,6 +786,8 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
         if not xp.isdtype(X.dtype, "real floating"):
             X = xp.astype(X, xp.float64)
+        if sp.issparse(X) and not X.has_canonical_format:  # the variances square the stored values:
+            X = canonical_csr(X)  # each entry stored once (a copy; duplicates doubled the ratios)
         n, p = X.shape
         k = self._check_params(n, p)
         if sp.issparse(X):

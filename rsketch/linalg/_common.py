@@ -18,6 +18,7 @@ from rsketch.dask._sketch import is_dask_array
 from rsketch.linalg._array_design import ArrayDesign, leverage_scores, validate_array_problem
 from rsketch.linalg._design import Design
 from rsketch.operators import SKETCH_KINDS, LeverageSampling, SketchOperator, make_sketch
+from rsketch.operators.base import canonical_csr
 
 # Default sketch size, as a multiple of p (capped at n; never below 2 p).
 SKETCH_FACTOR = {"sketch_and_solve": 20, "precondition": 40, "ihs": 10}
@@ -184,6 +185,8 @@ def frobenius_norm(A) -> float:
     >>> bool(np.isclose(frobenius_norm(np.array([3e200, 4e200])), 5e200, rtol=1e-15))  # no overflow
     True
     """
+    if sp.issparse(A) and not (A.format in ("csr", "csc") and A.has_canonical_format):
+        A = canonical_csr(A)  # entries stored twice add up, their squares do not: 1 and 2 gave sqrt(5)
     x = np.ravel(A.data if sp.issparse(A) else A)  # a view where A is contiguous
     if x.size == 0:
         return 0.0

@@ -188,3 +188,13 @@ def test_float32_adaptive_nystrom_pcg_builds_a_definite_preconditioner():
     assert U.dtype == np.float32
     U = U[:, np.linalg.norm(U, axis=0) > 0].astype(np.float64)  # zero columns: unresolved eigenvalues
     assert np.linalg.norm(U.T @ U - np.eye(U.shape[1]), 2) < 1e-2
+
+
+def test_frobenius_norm_of_a_sparse_matrix_counts_each_entry_once():
+    import scipy.sparse as sp
+
+    from rsketch.linalg._common import frobenius_norm
+
+    twice = sp.csr_matrix(([1.0, 2.0], [1, 1], [0, 2]), shape=(1, 2))  # 1 + 2 stored at one place
+    assert frobenius_norm(twice) == 3.0 and frobenius_norm(twice.tocoo()) == 3.0  # it read sqrt(5)
+    assert frobenius_norm(sp.lil_matrix(twice.toarray())) == 3.0

@@ -163,3 +163,26 @@ def test_explained_variance_ratio_at_any_scale(fmt):
         pca = SketchedPCA(3, random_state=0).fit(sp.csr_matrix(Xs) if fmt == "csr" else Xs)
         np.testing.assert_allclose(pca.explained_variance_ratio_, base.explained_variance_ratio_, rtol=1e-12)
         np.testing.assert_allclose(pca.singular_values_ / scale, base.singular_values_, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_sparse_input_with_entries_stored_twice_is_the_dense_input(fmt):
+    # Each entry stored as two halves (a CSR/CSC may hold one position more than once; the stored
+    # values add up): the variance total squared the stored values, and the ratios came out twice the
+    # dense ones ([0.419, 0.396] for [0.206, 0.195]), the noise variance 0.129 for 0.851
+    D = np.random.default_rng(0).standard_normal((200, 6))
+
+    def halves(M):  # a CSR of M with every entry stored as two halves
+        rows, cols = M.shape
+        minor = np.tile(np.repeat(np.arange(cols), 2), rows)
+        data = np.repeat(M, 2, axis=1).ravel() * 0.5
+        return sp.csr_matrix((data, minor, np.arange(rows + 1) * 2 * cols), M.shape)
+
+    X = halves(D) if fmt == "csr" else halves(D.T).T  # the transpose of a CSR is a CSC of the same arrays
+    assert X.format == fmt and not X.has_canonical_format and np.allclose(X.toarray(), D)
+    stored = X.copy()
+    sparse = SketchedPCA(n_components=2, random_state=0).fit(X)
+    dense = SketchedPCA(n_components=2, random_state=0).fit(D)
+    np.testing.assert_allclose(sparse.explained_variance_ratio_, dense.explained_variance_ratio_, rtol=1e-12)
+    assert sparse.noise_variance_ == pytest.approx(dense.noise_variance_, rel=1e-12)
+    assert (X != stored).nnz == 0 and not X.has_canonical_format  # the caller's matrix as it was

@@ -293,11 +293,19 @@ def seed_sequence(seed, name: str = "seed") -> np.random.SeedSequence:
     --------
     >>> seed_sequence(0).entropy == seed_sequence(np.random.SeedSequence(0)).entropy
     True
+    >>> ss = np.random.SeedSequence(0); taken = ss.spawn(2)
+    >>> seed_sequence(ss).spawn(1)[0].spawn_key, ss.n_children_spawned  # the next child; ss unchanged
+    ((2,), 2)
     """
     seed = check_seed(seed, name)
     if isinstance(seed, np.random.SeedSequence):
-        # A copy: spawning from the caller's object would change what it spawns next.
-        return np.random.SeedSequence(seed.entropy, spawn_key=seed.spawn_key, pool_size=seed.pool_size)
+        # A copy: spawning from the caller's object would change what it spawns next. It spawns after
+        # the children the caller has taken (without n_children_spawned it spawned those again, and
+        # a routine's sketches could repeat the caller's own).
+        return np.random.SeedSequence(
+            seed.entropy, spawn_key=seed.spawn_key, pool_size=seed.pool_size,
+            n_children_spawned=seed.n_children_spawned,
+        )  # fmt: skip
     if isinstance(seed, np.random.Generator):
         return np.random.SeedSequence(int(seed.integers(0, 2**63)))
     return np.random.SeedSequence(seed)

@@ -137,3 +137,16 @@ def test_ziggurat_kernel_equals_portable_path_and_is_normal():
     p_tail = 2 * norm.sf(3.442619855899)
     frac = np.mean(np.abs(z) > 3.442619855899)
     assert abs(frac - p_tail) < 5 * np.sqrt(p_tail / n)
+
+
+def test_routines_spawn_after_the_children_a_seed_sequence_has_given():
+    # The copy of a SeedSequence seed dropped n_children_spawned: a routine's first child was the
+    # caller's own first child (its sketches could repeat the caller's), and the caller's object must
+    # stay as it was (the same result each time it is passed)
+    from rsketch._validation import seed_sequence
+
+    ss = np.random.SeedSequence(7)
+    taken = ss.spawn(3)
+    first = seed_sequence(ss).spawn(1)[0]
+    assert first.spawn_key == (3,) and all(first.spawn_key != t.spawn_key for t in taken)
+    assert ss.n_children_spawned == 3 and seed_sequence(ss).spawn(1)[0].spawn_key == (3,)

@@ -286,7 +286,9 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
 
     def _set_coefficients(self, coef, intercept):
         self.coef_ = coef.T if coef.ndim == 2 else coef
-        if is_non_numpy_array(intercept):
+        if not self.fit_intercept:  # 0.0 for every target, as scikit-learn's (it was an array of zeros)
+            self.intercept_ = 0.0
+        elif is_non_numpy_array(intercept):
             self.intercept_ = intercept  # a 0-d or (n_targets,) array of the device, as scikit-learn's
         else:
             self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
@@ -468,6 +470,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         if hasattr(self, "feature_names_in_"):  # a Dask array has no column names: a refit forgets them
             del self.feature_names_in_
         self.coef_ = coef.T if coef.ndim == 2 else coef
+        if not self.fit_intercept:  # as _set_coefficients: scikit-learn's 0.0
+            intercept = 0.0
         self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
         return self
 
@@ -508,6 +512,7 @@ class SketchedLinearRegression(_SketchedLinearModel):
     ----------
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
     intercept_ : float or ndarray of shape (n_targets,)
+        0.0 without ``fit_intercept``, whatever the number of targets (as scikit-learn's).
     n_iter_ : int
         Iterations of the solver (0 for a direct solve or sketch-and-solve).
     solver_ : str

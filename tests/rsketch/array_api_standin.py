@@ -18,5 +18,6 @@ def on_device(a, **kwargs):
 
 
 def host(a):
-    """A NumPy array of ``a``'s values (DLPack)."""
-    return np.from_dlpack(a)
+    """A NumPy array of ``a``'s values (DLPack); a Python float (an estimator's ``intercept_`` without
+    ``fit_intercept``, as scikit-learn's) as a 0-d array."""
+    return np.asarray(a) if isinstance(a, float) else np.from_dlpack(a)

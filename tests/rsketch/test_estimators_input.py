@@ -55,3 +55,23 @@ def test_a_pickled_pca_projects_bit_for_bit():
     assert pca.components_.flags.c_contiguous
     for rows in (X8[:3], X8):
         np.testing.assert_array_equal(again.transform(rows), pca.transform(rows))
+
+
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        (lambda: SketchedLinearRegression(fit_intercept=False), "LinearRegression"),
+        (lambda: SketchedRidge(alpha=1.0, fit_intercept=False), "Ridge"),
+        (lambda: SketchedRidge(alpha=1.0, fit_intercept=False, method="sketch_and_solve"), "Ridge"),
+    ],
+)
+def test_intercept_without_fit_intercept_is_zero_as_scikit_learns(ours, theirs):
+    # it was an array of zeros for a 2-D y, where scikit-learn's is the float 0.0
+    import sklearn.linear_model
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((300, 5)), rng.standard_normal((300, 2))
+    ref = getattr(sklearn.linear_model, theirs)(fit_intercept=False).fit(X, y).intercept_
+    for target in (y, y[:, :1], y[:, 0]):
+        got = ours().fit(X, target).intercept_
+        assert type(got) is float and got == 0.0 == ref

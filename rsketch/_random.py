@@ -205,10 +205,11 @@ def uniform53_from_words(xp, w_lo, w_hi):
 
 
 def key_from_seed(seed) -> tuple[int, int]:
-    """Turn ``seed`` (None, int, SeedSequence or Generator) into a 64-bit Philox key.
+    """Turn ``seed`` (None, int, SeedSequence, Generator or RandomState) into a 64-bit Philox key.
 
     An int or a ``SeedSequence`` gives the same key in every process and on every machine; a
-    ``Generator`` gives a key drawn from it (advancing it); ``None`` draws fresh OS entropy.
+    ``Generator`` or ``RandomState`` gives a key drawn from it (advancing it); ``None`` draws fresh
+    OS entropy.
 
     Examples
     --------
@@ -218,6 +219,8 @@ def key_from_seed(seed) -> tuple[int, int]:
     seed = check_seed(seed)
     if isinstance(seed, np.random.Generator):
         words = seed.integers(0, 2**32, size=2, dtype=np.uint64)
+    elif isinstance(seed, np.random.RandomState):
+        words = seed.randint(0, 2**32, size=2, dtype=np.uint64)
     else:
         words = seed_sequence(seed).generate_state(2, dtype=np.uint32)
     return int(words[0]), int(words[1])

@@ -254,7 +254,9 @@ def check_sketch_kind(kind, name: str = "kind") -> str:
 
 
 def check_seed(seed, name: str = "seed"):
-    """Check a seed: None, a non-negative int, a ``SeedSequence`` or a ``Generator``; returned as given.
+    """Check a seed: None, a non-negative int, a ``SeedSequence``, a ``Generator`` or a legacy
+    ``RandomState`` (scikit-learn's ``random_state`` convention; like a Generator, a key is drawn from
+    it); returned as given.
 
     The one seed check of both packages (rsketch's operators and statistics, decoding's sampling).
 
@@ -269,17 +271,17 @@ def check_seed(seed, name: str = "seed"):
     >>> check_seed("abc")
     Traceback (most recent call last):
     ...
-    TypeError: seed must be None, a non-negative int, ... or a numpy.random.Generator; got str 'abc'
+    TypeError: seed must be None, a non-negative int, ... or a numpy.random.RandomState; got str 'abc'
     """
-    if seed is None or isinstance(seed, (np.random.SeedSequence, np.random.Generator)):
+    if seed is None or isinstance(seed, (np.random.SeedSequence, np.random.Generator, np.random.RandomState)):
         return seed
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
         if seed < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {shown_int(seed)}")
         return int(seed)
     raise TypeError(
-        f"{name} must be None, a non-negative int, a numpy.random.SeedSequence or a "
-        f"numpy.random.Generator; got {type(seed).__name__} {seed!r}"
+        f"{name} must be None, a non-negative int, a numpy.random.SeedSequence, a numpy.random.Generator "
+        f"or a numpy.random.RandomState; got {type(seed).__name__} {seed!r}"
     )
 
 
@@ -287,7 +289,8 @@ def seed_sequence(seed, name: str = "seed") -> np.random.SeedSequence:
     """A fresh ``SeedSequence`` from a checked seed, leaving the caller's object as it was.
 
     An int or a ``SeedSequence`` gives the same sequence in every process and on every machine;
-    a ``Generator`` gives one drawn from it (advancing it); ``None`` draws fresh OS entropy.
+    a ``Generator`` or ``RandomState`` gives one drawn from it (advancing it); ``None`` draws fresh OS
+    entropy.
 
     Examples
     --------
@@ -308,6 +311,8 @@ def seed_sequence(seed, name: str = "seed") -> np.random.SeedSequence:
         )  # fmt: skip
     if isinstance(seed, np.random.Generator):
         return np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    if isinstance(seed, np.random.RandomState):
+        return np.random.SeedSequence(int(seed.randint(0, 2**63, dtype=np.int64)))
     return np.random.SeedSequence(seed)
 
 

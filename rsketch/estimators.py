@@ -505,7 +505,7 @@ class SketchedLinearRegression(_SketchedLinearModel):
     fit_intercept : bool, default True
         Dense ``X`` is centred (weighted means); sparse ``X`` gets a column of ones instead, which
         keeps it sparse (the two agree whenever the solution is unique).
-    random_state : None, int, numpy.random.Generator or numpy.random.SeedSequence
+    random_state : None, int, numpy.random.Generator, numpy.random.SeedSequence or numpy.random.RandomState
         Seed of the sketch(es), passed to :func:`rsketch.lstsq` as ``seed``.
 
     Attributes
@@ -699,7 +699,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         As in :func:`rsketch.range_finder` (``"block_krylov"`` needs an odd ``passes``).
     whiten : bool, default False
         Scale the projections to unit variance.
-    random_state : None, int, numpy.random.Generator or numpy.random.SeedSequence
+    random_state : None, int, numpy.random.Generator, numpy.random.SeedSequence or numpy.random.RandomState
         Seed of the sketch (``seed`` of :func:`rsketch.svd`).
 
     Attributes

@@ -14,12 +14,24 @@ X, y = rng.standard_normal((3000, 5)), rng.standard_normal(3000)
 
 
 @pytest.mark.parametrize("est", [SketchedLinearRegression, SketchedRidge])
-@pytest.mark.parametrize(
-    "bad, error", [("x", TypeError), (-1, ValueError), (np.random.RandomState(3), TypeError)]
-)
+@pytest.mark.parametrize("bad, error", [("x", TypeError), (-1, ValueError), (1.5, TypeError)])
 def test_a_bad_random_state_is_named_random_state(est, bad, error):
     with pytest.raises(error, match="^random_state must be"):
         est(random_state=bad).fit(X, y)
+
+
+@pytest.mark.parametrize("est", [SketchedLinearRegression, SketchedRidge, SketchedPCA])
+def test_a_random_state_instance_is_taken_as_scikit_learn_takes_it(est):
+    # scikit-learn's convention (check_random_state): a RandomState was refused with a TypeError. A key
+    # is drawn from it, as from a Generator: the same state gives the same fit, and a shared one moves on
+    params = dict(method="sketch_and_solve") if est is not SketchedPCA else dict(n_components=2)
+    fits = [est(random_state=np.random.RandomState(3), **params).fit(X, y) for _ in range(2)]
+    shared = np.random.RandomState(3)
+    moved = [est(random_state=shared, **params).fit(X, y) for _ in range(2)]
+    attr = "components_" if est is SketchedPCA else "coef_"
+    assert np.array_equal(getattr(fits[0], attr), getattr(fits[1], attr))
+    assert np.array_equal(getattr(moved[0], attr), getattr(fits[0], attr))
+    assert not np.array_equal(getattr(moved[1], attr), getattr(moved[0], attr))
 
 
 def test_pca_names_random_state_too():

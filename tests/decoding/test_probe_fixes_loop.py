@@ -200,3 +200,47 @@ def test_scalar_costs_are_the_arrays_costs():
     for bad in (float("nan"), -1, float("inf")):
         with pytest.raises(ValueError, match="n_tokens must be finite and >= 0"):
             cm.cost(bad)
+
+
+class _Waiting(Drafter):
+    """Proposes nothing; its first proposal waits until ``go`` is set (signalling ``inside`` first)."""
+
+    name = "waiting"
+
+    def __init__(self):
+        import threading
+
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def propose(self, contexts, max_tokens, samples):
+        self.inside.set()
+        assert self.go.wait(30)
+        return Proposal([[] for _ in samples])
+
+
+@pytest.mark.parametrize("method", ["ems", "vanilla"])
+def test_a_drafter_object_serves_one_call_at_a_time(tiny64, method):
+    # Its state is the call's (begin() sets it up): two calls at once on one DraftModelDrafter or
+    # LLMADrafter raised KeyError, IndexError or "cache capacity" in 4 of 10 calls. The second call
+    # is now refused before it touches the drafter; after the first ends, the drafter serves again.
+    import threading
+
+    model, tok = tiny64
+    ref = decoding.generate(model, tok, [[1, 2, 3]], max_new_tokens=6)
+    drafter, results = _Waiting(), []
+    kw = dict(max_new_tokens=6, method=method, drafter=drafter)
+    first = threading.Thread(target=lambda: results.append(decoding.generate(model, tok, [[1, 2, 3]], **kw)))
+    first.start()
+    assert drafter.inside.wait(30)
+    try:
+        with pytest.raises(RuntimeError, match="drafter 'waiting' is in use by another generate call"):
+            decoding.generate(model, tok, [[4, 5]], **kw)
+    finally:
+        drafter.go.set()
+        first.join(30)
+    assert results[0].tokens == ref.tokens
+    assert decoding.generate(model, tok, [[1, 2, 3]], **kw).tokens == ref.tokens  # free again
+    bad = _Fixed([999])
+    for _ in range(2):  # an error inside the call frees the drafter too: the same error again
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            decoding.generate(model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=6, method=method, drafter=bad)

@@ -151,6 +151,9 @@ def _head(h: np.ndarray, w: np.ndarray, chunk: int = 2048) -> np.ndarray:
     return xp.ascontiguousarray(out_t.T)  # [N, V]
 
 
+_PREFETCHER_LOCK = threading.Lock()  # makes each model's one prefetcher once
+
+
 class _Prefetcher:
     """A helper thread that pulls the next layer's weights into the CPU caches.
 
@@ -521,7 +524,9 @@ class Model:
         if not self.prefetch:
             return None
         if self._prefetcher is None:
-            self._prefetcher = _Prefetcher(self.layers)
+            with _PREFETCHER_LOCK:  # two first forwards at once each started one, and one was never stopped
+                if self._prefetcher is None:
+                    self._prefetcher = _Prefetcher(self.layers)
         return self._prefetcher
 
     def _fuses_rope(self, cache: KVCache) -> bool:

@@ -275,3 +275,39 @@ def test_prefetch_thread_changes_nothing(model, seqs):
         model.prefetch = False
     assert model._prefetcher is not None and model._prefetcher._thread.is_alive()
     np.testing.assert_array_equal(got, ref)
+
+
+def test_first_forwards_at_once_start_one_prefetch_thread(tiny_path, monkeypatch):
+    # The prefetcher was made without a lock: four first forwards at once started three threads, two of
+    # them never stopped. A slow start (0.2 s) holds the window open that the race needs.
+    import threading
+    import time
+
+    import decoding
+    import decoding.model as model_mod
+
+    made, real = [], model_mod._Prefetcher
+
+    def slow(layers):
+        time.sleep(0.2)
+        made.append(real(layers))
+        return made[-1]
+
+    monkeypatch.setattr(model_mod, "_Prefetcher", slow)
+    model, _ = decoding.load_model(tiny_path[0], dtype=np.float64)
+    model.prefetch = True
+    ref = run_alone(model, np.arange(1, 6))
+    model._prefetcher, made[:] = None, []
+    start, out = threading.Barrier(4), []
+
+    def first_forward():
+        start.wait()
+        out.append(run_alone(model, np.arange(1, 6)))
+
+    threads = [threading.Thread(target=first_forward) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(made) == 1 and model._prefetcher is made[0]
+    assert all(np.array_equal(o, ref) for o in out) and len(out) == 4

@@ -23,7 +23,7 @@ from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_se
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
 from rsketch.linalg._common import frobenius_norm
-from rsketch.linalg._lowrank import RANGE_METHODS
+from rsketch.linalg._lowrank import RANGE_METHODS, check_passes
 from rsketch.operators import SketchOperator
 from rsketch.operators.base import canonical_csr
 
@@ -769,7 +769,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
             raise ValueError("sketch='leverage' cannot be a test matrix for PCA; use another kind")
         check_option(self.method, "method", RANGE_METHODS)
         check_int(self.oversample, "oversample", minimum=0)
-        check_int(self.passes, "passes", minimum=1)
+        check_passes(self.passes)
         if not isinstance(self.whiten, (bool, np.bool_)):
             raise TypeError(f"whiten must be a bool, got {type(self.whiten).__name__}")
         check_seed(self.random_state, "random_state")

@@ -428,7 +428,7 @@ def range_finder(
         Products of ``A`` or ``A.T`` with a block: ``passes = 2 q + 1`` is ``q`` rounds of subspace
         iteration ``(A A.T)^q A S.T``; an even count starts from ``A.T`` (``(A A.T)^q`` applied to
         ``A @ (A.T @ S.T)``, with ``S`` of shape ``(l, m)``). Each pass is re-orthonormalised (QR),
-        as RandLAPACK and scikit-learn do.
+        as RandLAPACK and scikit-learn do. At most :data:`MAX_PASSES` (1000).
     method : {"subspace", "block_krylov"}
         ``"block_krylov"``: the whole Krylov space ``[A S.T, (A A.T) A S.T, ...]`` (blocks of
         ``l`` columns, orthonormalised together; Musco & Musco 2015), ``l (q + 1)`` columns.
@@ -459,6 +459,23 @@ def range_finder(
     return _find_range(
         A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed
     )
+
+
+#: The most passes over ``A`` any low-rank function takes. Subspace iteration's error falls as
+#: ``(sigma_{k+1} / sigma_k)^(2 q)`` and block Krylov's faster; a few dozen passes reach rounding on the
+#: slow decays measured (docs/lowrank.md). ``passes=2**62 + 1`` had run on until killed.
+MAX_PASSES = 1000
+
+
+def check_passes(passes) -> int:
+    """``passes`` as an int in ``[1, MAX_PASSES]``; errors name it.
+
+    Examples
+    --------
+    >>> check_passes(3)
+    3
+    """
+    return check_int(passes, "passes", minimum=1, maximum=MAX_PASSES)
 
 
 def _check_basis_memory(m, n, rank, width, passes, method, tol, dtype):
@@ -495,7 +512,7 @@ def _find_range(
     m, n = A.shape
     rank = _check_rank(rank, m, n)
     oversample = check_int(oversample, "oversample", minimum=0)
-    passes = check_int(passes, "passes", minimum=1)
+    passes = check_passes(passes)
     check_option(method, "method", RANGE_METHODS)
     check_seed(seed)
     if method == "block_krylov" and passes % 2 == 0:
@@ -780,7 +797,7 @@ def svd(
         )
     check_seed(seed)
     width = min(rank + check_int(oversample, "oversample", minimum=0), m, n)
-    _check_basis_memory(m, n, rank, width, check_int(passes, "passes", minimum=1), method, tol, dtype)
+    _check_basis_memory(m, n, rank, width, check_passes(passes), method, tol, dtype)
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), n, dtype)

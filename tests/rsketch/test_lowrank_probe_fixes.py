@@ -198,3 +198,19 @@ def test_frobenius_norm_of_a_sparse_matrix_counts_each_entry_once():
     twice = sp.csr_matrix(([1.0, 2.0], [1, 1], [0, 2]), shape=(1, 2))  # 1 + 2 stored at one place
     assert frobenius_norm(twice) == 3.0 and frobenius_norm(twice.tocoo()) == 3.0  # it read sqrt(5)
     assert frobenius_norm(sp.lil_matrix(twice.toarray())) == 3.0
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda passes: rsketch.range_finder(A, 5, passes=passes),
+        lambda passes: rsketch.svd(A, 5, passes=passes, method="subspace"),
+        lambda passes: rsketch.eigh(P, 5, passes=passes),
+        lambda passes: rsketch.SketchedPCA(n_components=2, passes=passes).fit(A),
+    ],
+)
+def test_an_absurd_number_of_passes_is_refused_by_name(call):
+    # passes had no upper bound: 2**62 + 1 ran until killed
+    for passes in (2**62 + 1, rsketch.linalg._lowrank.MAX_PASSES + 2):
+        with pytest.raises(ValueError, match=r"^passes must be <= 1000, got"):
+            call(passes)

@@ -19,7 +19,14 @@ from sklearn.utils.sparsefuncs import mean_variance_axis
 from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
-from rsketch._validation import LSTSQ_METHODS, check_int, check_option, check_seed, check_sketch_kind
+from rsketch._validation import (
+    LSTSQ_METHODS,
+    check_allocation,
+    check_int,
+    check_option,
+    check_seed,
+    check_sketch_kind,
+)
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
 from rsketch.linalg._common import frobenius_norm
@@ -208,6 +215,12 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             # on the host, singular values below max(m, q) u s_max dropped (NumPy's matrix_rank rule):
             # centring a wide X leaves a rounding-level one of order sqrt(n) u ||X|| (4e-15 of the
             # largest), which lstsq's 8 u kept, and coef_ came out 1-12% off LinearRegression's.
+            check_allocation(  # A on the host, dense, and the SVD's copy and factor
+                8 * m * q * 3,
+                f"{type(self).__name__}'s direct solve of a {m} x {q} design (the sketch, sketch_size={r}, "
+                f"is no smaller than the {n} samples)",
+                "pass a sketch_size below n_samples" if 2 * q < n else "use fewer features",
+            )
             Ad = A.toarray() if sp.issparse(A) else to_host(A)
             rcond = max(Ad.shape) * np.finfo(np.float64).eps
             coef = like(np.linalg.lstsq(Ad, to_host(b), rcond=rcond)[0], b)

@@ -13,6 +13,7 @@ from rsketch._backend import is_non_numpy_array, like, to_host
 from rsketch._validation import (
     LSTSQ_INNER_SOLVERS,
     LSTSQ_METHODS,
+    check_allocation,
     check_finite,
     check_int,
     check_option,
@@ -184,6 +185,15 @@ def lstsq(
         max_iter = check_int(max_iter, "max_iter", minimum=1)
     check_seed(seed)  # checked here too: a direct solve draws no sketch
     direct = _solves_directly(sketch, sketch_size, method, n, p)
+    if direct:  # X dense on the host, gelsy's copy and QR's Q: 2 n p values (3 for a sparse or Dask X)
+        copies = 2 if isinstance(X, np.ndarray) or is_non_numpy_array(X) else 3
+        check_allocation(
+            8 * n * p * copies,
+            f"lstsq's direct solve of a {n} x {p} X (the default sketch would have n rows or more)",
+            f"pass a sketch_size between 2 p = {2 * p} and n = {n} to sketch X instead"
+            if 2 * p < n
+            else "X is too large to solve directly here, and too wide to sketch (a sketch needs 2 p rows)",
+        )
     S, r = (None, n) if direct else resolve_sketch(sketch, n, p, sketch_size, method, seed, X)
     log = SolverLog()
     if is_dask_array(X) and not direct:  # docs/dask.md: log.passes counts every pass over X

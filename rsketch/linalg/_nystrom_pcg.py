@@ -26,7 +26,14 @@ from scipy.sparse.linalg import LinearOperator
 
 from rsketch._backend import is_non_numpy_array
 from rsketch._exact_scaling import max_abs, shift_down, unit_exponent, unit_exponents
-from rsketch._validation import check_int, check_operand, check_real, check_seed, seed_sequence
+from rsketch._validation import (
+    check_allocation,
+    check_int,
+    check_operand,
+    check_real,
+    check_seed,
+    seed_sequence,
+)
 from rsketch.linalg._gram import GramOperator, sketch_matrix
 from rsketch.linalg._lowrank import (
     NystromResult,
@@ -340,6 +347,13 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     one ``n x l`` GEMM, where the SVD of ``B`` cost several (5 s against 0.8 s at ``10,000 x 2,000``).
     Returns ``(NystromResult, columns)``.
     """
+    # Y (float64), Omega and U (n x max_rank each, at most) and three max_rank x max_rank cores: checked
+    # before the rounds allocate them (n = 10**7 met numpy's "Unable to allocate 74.5 GiB")
+    check_allocation(
+        8 * (3 * n * max_rank + 3 * max_rank**2),
+        f"nystrom_pcg's adaptive sketch of up to max_rank={max_rank} columns of a {n} x {n} A",
+        "use a smaller max_rank, or give rank=",
+    )
     children = seeds.spawn(64)
     if max_rank <= n // DRAWN_MAX_FRACTION:
         result = _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, drawn=True)

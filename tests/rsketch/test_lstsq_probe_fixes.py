@@ -170,3 +170,20 @@ def test_ihs_loose_tol_is_still_honoured():
         loose = rsketch.lstsq(X, y, method="ihs", seed=0, tol=1e-6)
     assert loose.converged and loose.iterations < default.iterations
     assert backward_error(X, y, loose.coef) <= 1e-6
+
+
+def test_a_direct_solve_too_large_for_memory_is_refused_before_densifying(monkeypatch):
+    # A wide sparse X takes the direct solve (the default sketch would have n rows or more), which
+    # densified it unchecked: a raw "Unable to allocate 29.8 GiB" from scipy's toarray
+    import scipy.sparse as sp
+
+    import rsketch._validation
+
+    monkeypatch.setattr(rsketch._validation, "available_memory", lambda: 2**30)  # 1 GiB: 512 MiB allowed
+    X, y = sp.eye(40_000, 1_000, format="csr"), np.ones(40_000)  # densified: 320 MB, three copies
+    with pytest.raises(MemoryError, match=r"lstsq's direct solve of a 40000 x 1000 X .*sketch_size between"):
+        rsketch.lstsq(X, y)
+    with pytest.raises(MemoryError, match=r"SketchedLinearRegression.s direct solve of a 40000 x 1001"):
+        rsketch.SketchedLinearRegression().fit(X, y)
+    res = rsketch.lstsq(X, y, sketch_size=4_000, seed=0)  # the hint's way: sketched, in memory
+    assert res.converged and np.allclose(res.coef, 1.0)

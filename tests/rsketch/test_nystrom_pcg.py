@@ -345,3 +345,18 @@ def test_the_adaptive_sketch_draws_the_operators_own_test_matrix(kind):
         G = _test_block(S, dtype)
         assert G.flags.f_contiguous and G.dtype == dtype
         np.testing.assert_array_equal(G, np.asarray(S.to_dense().T, dtype=dtype))
+
+
+def test_the_adaptive_sketch_too_large_for_memory_is_refused_by_max_rank(monkeypatch):
+    # the rounds' buffers (n x max_rank) were allocated unchecked: n = 10**7 met numpy's "Unable to
+    # allocate 74.5 GiB"
+    from scipy.sparse.linalg import LinearOperator
+
+    import rsketch._validation
+
+    monkeypatch.setattr(rsketch._validation, "available_memory", lambda: 2**30)
+    n = 200_000
+    A = LinearOperator((n, n), matvec=lambda v: v, matmat=lambda V: V, rmatvec=lambda v: v, dtype=np.float64)
+    with pytest.raises(MemoryError, match=r"sketch of up to max_rank=1000 columns .*smaller max_rank"):
+        nystrom_pcg(A, np.ones(n), 1.0)
+    assert nystrom_pcg(A, np.ones(n), 1.0, max_rank=100, seed=0).converged  # 100 columns: 480 MB

@@ -197,8 +197,10 @@ def _sampling_probabilities(kind, n, p, ell, options):
 def _sparse_v(kind, r, options) -> float:
     """``E[(S^T S)_{ij}^2]`` for ``i != j``: ``(1/s^2) sum_t 1/|B_t|`` over the ``s`` row blocks."""
     s = 1 if kind == "countsketch" else options.get("nnz_per_column") or min(8, r)
-    sizes = [((t + 1) * r) // s - (t * r) // s for t in range(s)]
-    return sum(1.0 / b for b in sizes) / s**2
+    # The blocks ((t + 1) r) // s - (t r) // s are r mod s of q + 1 rows and the rest of q (q = r // s,
+    # at least 1 as s <= r): in closed form, where a list of the s sizes hung at nnz_per_column = 2**62
+    q, m = divmod(r, s)
+    return ((s - m) / q + m / (q + 1)) / s**2
 
 
 def _embedding_rows(p: int) -> int:

@@ -220,3 +220,16 @@ def test_explicit_upper_bounds_are_nan_where_the_chernoff_step_fails():
             res = rsketch.bounds(**kw)
         bounds = [b for b in res.all if b.side == "upper" and b.constants_explicit]
         assert bounds and all(math.isnan(b.value) for b in bounds)
+
+
+def test_a_huge_nnz_per_column_is_computed_in_closed_form():
+    # the block sizes were listed one by one: nnz_per_column = 2**62 hung with memory growing
+    from rsketch.stats._bounds import _sparse_v
+
+    for r, s in [(10, 3), (12345, 8), (1000, 1000), (7, 1)]:  # against the listed sizes
+        sizes = [((t + 1) * r) // s - (t * r) // s for t in range(s)]
+        assert _sparse_v("sparse_sign", r, {"nnz_per_column": s}) == pytest.approx(
+            sum(1.0 / b for b in sizes) / s**2, rel=1e-15
+        )
+    res = rsketch.bounds("sparse_sign", n=2**62, p=2, r=2**62, nnz_per_column=2**62)
+    assert res is not None

@@ -14,8 +14,15 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from rsketch._validation import check_finite
-from rsketch.dask._sketch import CHUNK_PRODUCTS, check_dask_operand, is_dask_array, row_offsets, tree_sum
+from rsketch._validation import check_allocation, check_finite
+from rsketch.dask._sketch import (
+    CHUNK_PRODUCTS,
+    SPLIT_EVERY,
+    check_dask_operand,
+    is_dask_array,
+    row_offsets,
+    tree_sum,
+)
 from rsketch.kernels import cpu
 from rsketch.linalg._backward_error import two_sum
 
@@ -193,6 +200,12 @@ class DaskDesign:
                     G, XtY = sum(part[0] for part in parts), sum(part[1] for part in parts)
             else:
                 (r, p), k = (S.sketch_size, self.shape[1]), Y.shape[1]
+                check_allocation(  # as sketch_dask: sketch_size=2**40 had met "Unable to allocate 24 TiB"
+                    8 * (r + p) * (p + k) * (SPLIT_EVERY + 2),
+                    f"the first pass over a Dask X ({self.shape[0]} x {p}) with sketch_size={r}: partials of "
+                    f"S X, X.T X and X.T y, ({r} + {p}) x ({p} + {k}) each, and their tree's sums",
+                    "use a smaller sketch_size",
+                )
                 task = dask.delayed(_first_pass_part, pure=True)
                 parts = [
                     da.from_delayed(task(Xb, Yb, S, a), shape=(1, r + p, p + k), dtype=np.float64)

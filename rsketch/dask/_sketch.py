@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from rsketch._exact_scaling import scale_columns, shift_down
-from rsketch._validation import check_finite
+from rsketch._validation import check_allocation, check_finite
 from rsketch.kernels import cpu
 
 # Rows of a chunk hashed at once by the sparse-sign product (bounds its pattern's memory).
@@ -271,12 +271,23 @@ def sketch_dask(S, A):
     True
     """
     A, is_vector = check_dask_operand(A, S.input_dim, "A", rows_label="the sketch's input_dim")
-    if S.kind in ("uniform", "leverage"):
+    r, k = S.sketch_size, A.shape[1]
+    # the r x k float64 partials a node of the sum adds, its result and the product's (the sampling
+    # kinds: the result and r indices and scales), checked as the graph is built: a sketch_size of
+    # 2**40 had met numpy's "Unable to allocate 16 TiB" inside compute()
+    sampled = S.kind in ("uniform", "leverage")
+    check_allocation(
+        8 * r * k * (1 if sampled else SPLIT_EVERY + 2) + (16 * r if sampled else 0),
+        f"{type(S).__name__} @ A on Dask with sketch_size={r} and {k} column(s) (the {r} x {k} result "
+        "and the partial sums of its tree)",
+        "use a smaller sketch_size or apply the sketch to fewer columns at a time",
+    )
+    if sampled:
         out = _sample_dask(S, A)
     else:
         if S.kind not in CHUNK_PRODUCTS:
             raise TypeError(f"{type(S).__name__} has no Dask product (kinds: {sorted(CHUNK_PRODUCTS)})")
-        r, n_blocks = S.sketch_size, len(A.chunks[0])
+        n_blocks = len(A.chunks[0])
         parts = A.map_blocks(
             chunk_product,
             op=S,

@@ -237,3 +237,26 @@ def test_dask_leverage_scores_of_a_rank_deficient_float32_a_count_its_float32_ra
     s32 = rsketch.dask.approximate_leverage(da.from_array(A.astype(np.float32), chunks=500), key)
     s64 = rsketch.dask.approximate_leverage(da.from_array(A, chunks=500), key)
     np.testing.assert_allclose(s32, s64, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "S",
+    [
+        rsketch.GaussianSketch(1000, 2**40),
+        rsketch.SparseSign(1000, 2**32),
+        rsketch.UniformSampling(1000, 2**40),
+    ],
+    ids=["gaussian", "sparse_sign", "uniform"],
+)
+def test_a_dask_sketch_too_large_for_memory_is_refused_as_the_graph_is_built(S):
+    # S @ A on Dask skipped the memory check: numpy's "Unable to allocate 16 TiB" inside compute()
+    A = da.ones((1000, 2), chunks=(500, 2))
+    what = rf"{type(S).__name__} @ A on Dask with sketch_size={S.sketch_size}"
+    with pytest.raises(MemoryError, match=what):
+        S @ A  # lazy: refused before anything runs
+
+
+def test_lstsq_on_dask_refuses_a_first_pass_too_large_for_memory():
+    X, y = da.ones((1000, 2), chunks=(500, 2)), da.ones(1000, chunks=500)
+    with pytest.raises(MemoryError, match=r"first pass over a Dask X \(1000 x 2\) with sketch_size=1099511"):
+        rsketch.lstsq(X, y, sketch="gaussian", sketch_size=2**40)

@@ -105,7 +105,7 @@ def test_block_krylov_without_room_for_a_second_block_iterates_and_reports_its_p
     assert res.passes == products[0] == 6
     excess = np.linalg.norm(M - (res.U * res.s) @ res.Vt, 2) / s[60] - 1
     assert excess < 0.2
-    assert rsketch.svd(M, 20, seed=0, passes=10**9 + 1).passes < 10  # the passes it made
+    assert rsketch.svd(M, 20, seed=0, passes=999).passes < 10  # the passes it made (room for 3 blocks)
 
 
 @pytest.mark.parametrize("kw", [{}, {"rank": 20}])

@@ -288,8 +288,21 @@ class SketchOperator:
         True
         """
         A, is_vector = check_operand(A, self.input_dim, "A", rows_label="the sketch's input_dim")
+        self._check_reference_memory(self.sketch_size, A)
         out = self._reference_apply(A)
         return out[:, 0] if is_vector else out
+
+    def _check_reference_memory(self, rows, operand):
+        """The portable products' output (``rows x k``, twice: the blocks' sums) and one dense block of
+        columns, checked as the fast paths are (``sketch_size=2**40`` met numpy's "Unable to allocate
+        8 TiB"; a Gaussian's ``reference_adjoint`` of ``2**40`` rows ran on until killed)."""
+        k = operand.shape[1]
+        check_allocation(
+            2 * _itemsize(operand.dtype) * rows * k + 16 * self.sketch_size * self._block_size(),
+            f"the portable {type(self).__name__} product with sketch_size={self.sketch_size}, "
+            f"input_dim={self.input_dim} and {k} column(s)",
+            "use smaller sizes",
+        )
 
     def _reference_apply(self, A):
         if sp.issparse(A):
@@ -368,6 +381,7 @@ class SketchOperator:
         True
         """
         Z, is_vector = check_operand(Z, self.sketch_size, "Z", rows_label="the sketch's sketch_size")
+        self._check_reference_memory(self.input_dim, Z)
         if sp.issparse(Z):
             Z = Z.toarray()
         out = self._reference_adjoint(Z)

@@ -121,7 +121,8 @@ class UniformSampling(_RowSampling):
 
     def indices(self, xp=None) -> np.ndarray:
         """The sampled row of ``A`` for each row of ``S``."""
-        if xp is not None:
+        if xp is not None:  # the portable path: checked as the cached one (2**40 rows met numpy's error)
+            self._check_index_memory()
             return self._indices(xp)
         if self._idx is None:
             self._check_index_memory()
@@ -261,6 +262,7 @@ class LeverageSampling(_RowSampling):
     def indices(self, xp=None) -> np.ndarray:
         """The sampled row of ``A`` for each row of ``S``."""
         if xp is not None:
+            self._check_index_memory()
             w = random_words(xp, self.key, xp.arange(self.sketch_size, dtype=xp.int64), 0, STREAM_SAMPLE)
             return self._invert(np.asarray(w[0]), np.asarray(w[1]))
         if self._idx is None:

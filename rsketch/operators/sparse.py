@@ -142,6 +142,10 @@ class SparseSign(SketchOperator):
         stop = self.input_dim if stop is None else stop
         start, stop = self._check_range(start, stop)
         s, r = self.nnz_per_column, self.sketch_size
+        # its Philox words and bounds: about eight (m, s) int64 arrays at once (2**62 columns had met
+        # numpy's own "array is too big")
+        what = f"the portable pattern of columns {start}:{stop}"
+        check_allocation(64 * s * (stop - start), what, "ask for fewer columns at a time")
         j = xp.arange(start, stop, dtype=xp.int64)[:, None]
         t = xp.arange(s, dtype=xp.int64)[None, :]
         w = random_words(xp, self.key, j, t // 2, STREAM_ROW)
@@ -155,9 +159,16 @@ class SparseSign(SketchOperator):
 
     def _dense_from_pattern(self, rows, signs, start, stop, xp):
         m = stop - start
-        onehot = xp.astype(rows[:, :, None] == xp.arange(self.sketch_size)[None, None, :], xp.float64)
-        cols = xp.sum(onehot * signs[:, :, None], axis=1)  # (m, r)
-        return cols.T * self._scale if m else xp.zeros((self.sketch_size, 0), dtype=xp.float64)
+        if not m:
+            return xp.zeros((self.sketch_size, 0), dtype=xp.float64)
+        # one (m, r) one-hot per nonzero of a column, not an (m, s, r) one (9.7 GiB for 100 columns of
+        # 10**4 nonzeros, past the columns' memory check): the nonzeros of a column lie in distinct row
+        # blocks, so each entry gets at most one term and the sum is exact in any order
+        every_row = xp.arange(self.sketch_size)[None, :]
+        cols = xp.zeros((m, self.sketch_size), dtype=xp.float64)
+        for t in range(rows.shape[1]):
+            cols = cols + xp.astype(rows[:, t : t + 1] == every_row, xp.float64) * signs[:, t : t + 1]
+        return cols.T * self._scale
 
     def _fast_columns(self, start, stop):
         rows, signs = self.pattern(start, stop)

@@ -385,3 +385,33 @@ def test_leverage_scores_of_a_rank_deficient_float32_a_count_its_float32_rank(me
     np.testing.assert_allclose(S32.scores, S64.scores, rtol=1e-4, atol=1e-7)
     if method == "exact":
         assert S32.scores.sum() == pytest.approx(5.0, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "call, what",
+    [
+        (lambda: rsketch.GaussianSketch(10, 2**40).reference_apply(np.ones(10)), "portable Gaussian"),
+        (lambda: rsketch.GaussianSketch(2**40, 10).reference_adjoint(np.ones(10)), "portable GaussianSketch"),
+        (lambda: rsketch.UniformSampling(100, 2**40).indices(np), "sampled rows of a UniformSampling"),
+        (lambda: rsketch.SparseSign(2**62, 10).reference_pattern(), "portable pattern of columns"),
+    ],
+    ids=["reference_apply", "reference_adjoint", "indices(np)", "reference_pattern"],
+)
+def test_the_portable_paths_check_their_memory_as_the_fast_paths_do(call, what):
+    # numpy's "Unable to allocate 8 TiB" or "array is too big", or a loop that ran until killed
+    with pytest.raises(MemoryError, match=what):
+        call()
+
+
+def test_sparse_sign_reference_columns_of_many_nonzeros_fit_their_check():
+    # an (m, s, r) one-hot took 9.7 GiB for 100 columns of 10**4 nonzeros, past the columns' check of
+    # 16 r m bytes; now one (m, r) one-hot per nonzero, the same columns
+    import tracemalloc
+
+    S = rsketch.SparseSign(300, 2_000, seed=1, nnz_per_column=500)
+    tracemalloc.start()
+    cols = S.reference_columns(0, 40)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert np.array_equal(cols, S.columns(0, 40))
+    assert peak <= 3 * 16 * 2_000 * 40  # the check's 16 r m, with room for the pattern's words

@@ -332,28 +332,62 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+#: A cgroup v1 ``memory.limit_in_bytes`` at or above this is "no limit" (the kernel writes a page-rounded
+#: ``2**63 - 1``).
+_CGROUP_V1_NO_LIMIT = 2**60
+
+
 def _cgroup_headroom() -> int | None:
-    """Bytes left under this process's cgroup (v2) memory limit, or None without a limit."""
+    """Bytes left under this process's cgroup memory limit (v2, or v1's memory controller), or None
+    without a limit."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
     for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
         if line.startswith("0::"):
-            base = "/sys/fs/cgroup" + line[3:].rstrip("/")
+            base = "/sys/fs/cgroup" + path.rstrip("/")
             limit = _read_int(base + "/memory.max")  # "max" (no limit) reads as None
             used = _read_int(base + "/memory.current")
-            if limit is not None and used is not None:
-                return max(0, limit - used)
+        elif "memory" in controllers.split(","):  # v1: a container's limit was read as the host's memory
+            base = "/sys/fs/cgroup/memory" + path.rstrip("/")
+            limit = _read_int(base + "/memory.limit_in_bytes")
+            limit = None if limit is not None and limit >= _CGROUP_V1_NO_LIMIT else limit
+            used = _read_int(base + "/memory.usage_in_bytes")
+        else:
+            continue
+        if limit is not None and used is not None:
+            return max(0, limit - used)
     return None
+
+
+def _address_space_headroom() -> int | None:
+    """Bytes of address space left under ``RLIMIT_AS`` (``ulimit -v``), or None without a limit: under
+    one, a request the free memory allowed met numpy's own "Unable to allocate"."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            size = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), None)
+    except (OSError, ValueError, IndexError):
+        size = None
+    return max(0, soft - size) if size is not None else soft
 
 
 def available_memory() -> int | None:
     """Bytes of memory this process can still allocate without swapping, or None if unknown.
 
     ``MemAvailable`` from ``/proc/meminfo`` (the kernel's estimate, page cache included), else
-    ``os.sysconf`` free pages; capped by the headroom under a cgroup v2 memory limit (containers).
+    ``os.sysconf`` free pages; capped by the headroom under a cgroup memory limit (v2 or v1:
+    containers) and under ``RLIMIT_AS`` (``ulimit -v``).
 
     Examples
     --------
@@ -375,9 +409,9 @@ def available_memory() -> int | None:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
             avail = None
-    headroom = _cgroup_headroom()
-    if headroom is not None:
-        avail = headroom if avail is None else min(avail, headroom)
+    for headroom in (_cgroup_headroom(), _address_space_headroom()):
+        if headroom is not None:
+            avail = headroom if avail is None else min(avail, headroom)
     return avail
 
 

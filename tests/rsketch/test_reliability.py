@@ -412,3 +412,42 @@ def test_seeds_go_through_one_checker(seed, exc):
     ):
         with pytest.raises(exc, match="seed"):
             call()
+
+
+def test_available_memory_reads_an_address_space_limit():
+    # under ulimit -v, a request the free memory allowed met numpy's own "Unable to allocate"
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; from rsketch._validation import available_memory\n"
+        "size = next(int(x.split()[1]) * 1024 for x in open('/proc/self/status') if x.startswith('VmSize'))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))\n"
+        "print(available_memory())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 0 < int(out.stdout) <= 2**30
+
+
+def test_available_memory_reads_a_cgroup_v1_limit(monkeypatch):
+    # a v1 memory controller's limit (containers on older hosts) was not read: the host's memory counted
+    import io
+
+    import rsketch._validation as validation
+
+    files = {
+        "/proc/self/cgroup": "4:memory:/box\n0::/\n",
+        "/sys/fs/cgroup/memory/box/memory.limit_in_bytes": str(3 * 2**30),
+        "/sys/fs/cgroup/memory/box/memory.usage_in_bytes": str(2**30),
+    }
+
+    def fake_open(path, *args, **kwargs):
+        if path in files:
+            return io.StringIO(files[path])
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(validation, "open", fake_open, raising=False)
+    assert validation._cgroup_headroom() == 2 * 2**30
+    files["/sys/fs/cgroup/memory/box/memory.limit_in_bytes"] = "9223372036854771712"  # v1's "no limit"
+    assert validation._cgroup_headroom() is None

@@ -373,18 +373,21 @@ def exact_leverage(A) -> np.ndarray:
     )
     dense = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
     U, s, _ = scipy.linalg.svd(dense, full_matrices=False, check_finite=False)
-    rank = leverage_rank(s, dense.shape, A.dtype)
+    # float64's rule even for float32 A: its SVD runs in float64 on the data as given (float32's, with
+    # max(n, p) eps at n = 100,000, dropped a column of 1e-3 the scale of the others)
+    rank = leverage_rank(s, dense.shape)
     return np.einsum("ij,ij->i", U[:, :rank], U[:, :rank])
 
 
 def leverage_rank(s, shape, dtype=np.float64) -> int:
-    """The columns of ``U`` that carry leverage: the singular values ``s`` of a matrix of ``shape`` and
-    ``dtype`` above ``max(shape) eps s_1``, ``eps`` float32's for float32 data and float64's otherwise
-    (NumPy's ``matrix_rank`` rule); ``ValueError`` for a zero matrix.
+    """The columns of ``U`` that carry leverage: the singular values ``s`` of a matrix of ``shape``
+    above ``max(shape) eps s_1`` (NumPy's ``matrix_rank`` rule), ``eps`` that of the arithmetic that
+    computed ``s`` (``dtype``: float32's for the approximate scores' float32 sketch of float32 data,
+    float64's otherwise); ``ValueError`` for a zero matrix.
 
-    With float64's ``eps`` for float32 data, the rounding of a rank-5 float32 matrix counted as 5 more
-    directions: its exact scores summed to 10, and the approximate ones, whose ``R^-1`` then scaled
-    the float32 rounding up by ``1e7``, to 19.8.
+    With float64's ``eps`` for a float32 sketch, the rounding of a rank-5 float32 matrix counted as 5
+    more directions, and the approximate scores, whose ``R^-1`` then scaled that rounding up by ``1e7``,
+    summed to 19.8.
 
     Examples
     --------

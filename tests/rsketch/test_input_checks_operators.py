@@ -371,20 +371,25 @@ def test_a_finite_float32_product_near_the_float32_range_is_finite(kind):
         np.testing.assert_allclose(got[:, j], exact[:, j], rtol=1e-4, atol=1e-5 * np.abs(exact[:, j]).max())
 
 
-@pytest.mark.parametrize("method", ["exact", "approx"])
-def test_leverage_scores_of_a_rank_deficient_float32_a_count_its_float32_rank(method):
-    # The rank rule used float64's eps for float32 data: the rounding of a rank-5 float32 A counted as
-    # 5 more directions (exact scores summed to 10; approximate ones, through an R^-1 that scaled the
-    # rounding up by 1e7, to 19.8). NumPy's matrix_rank gives 5.
+def test_approximate_leverage_scores_of_a_rank_deficient_float32_a_count_its_float32_rank():
+    # The rank rule used float64's eps for the float32 sketch: the rounding of a rank-5 float32 A counted
+    # as 5 more directions, and an R^-1 that scaled it up by 1e7 made the scores sum to 19.8
     rng = np.random.default_rng(0)
     A = rng.standard_normal((2000, 5)) @ rng.standard_normal((5, 10))
-    A32 = A.astype(np.float32)
-    assert np.linalg.matrix_rank(A32) == 5
-    S32 = rsketch.LeverageSampling.from_matrix(A32, 100, seed=0, method=method)
-    S64 = rsketch.LeverageSampling.from_matrix(A, 100, seed=0, method=method)
+    S32 = rsketch.LeverageSampling.from_matrix(A.astype(np.float32), 100, seed=0, method="approx")
+    S64 = rsketch.LeverageSampling.from_matrix(A, 100, seed=0, method="approx")
     np.testing.assert_allclose(S32.scores, S64.scores, rtol=1e-4, atol=1e-7)
-    if method == "exact":
-        assert S32.scores.sum() == pytest.approx(5.0, rel=1e-6)
+
+
+def test_exact_leverage_of_float32_data_keeps_a_column_of_another_scale():
+    # float32's eps at max(n, p) = 100,000 cut at 1.2e-2 of s_1: a column of 1e-3 the others' scale was
+    # dropped (the scores summed to 4, rows carrying only that column scored 0; float64: 0.555)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((100_000, 5))
+    X[:, 4] *= 1e-3
+    X32 = X.astype(np.float32)
+    scores = rsketch.LeverageSampling.from_matrix(X32, 500, seed=0, method="exact").scores
+    assert scores.sum() == pytest.approx(5.0, rel=1e-6)
 
 
 @pytest.mark.parametrize(

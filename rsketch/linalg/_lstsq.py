@@ -185,8 +185,10 @@ def lstsq(
         max_iter = check_int(max_iter, "max_iter", minimum=1)
     check_seed(seed)  # checked here too: a direct solve draws no sketch
     direct = _solves_directly(sketch, sketch_size, method, n, p)
-    if direct:  # X dense on the host, gelsy's copy and QR's Q: 2 n p values (3 for a sparse or Dask X)
-        copies = 2 if isinstance(X, np.ndarray) or is_non_numpy_array(X) else 3
+    if direct:  # X dense on the host, gelsy's copy and QR's Q: 2 n p values (3 for a sparse, Dask or
+        # float32 X, converted to a float64 copy first)
+        dense64 = (isinstance(X, np.ndarray) or is_non_numpy_array(X)) and str(X.dtype).endswith("float64")
+        copies = 2 if dense64 else 3
         check_allocation(
             8 * n * p * copies,
             f"lstsq's direct solve of a {n} x {p} X (the default sketch would have n rows or more)",

@@ -347,13 +347,6 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
     one ``n x l`` GEMM, where the SVD of ``B`` cost several (5 s against 0.8 s at ``10,000 x 2,000``).
     Returns ``(NystromResult, columns)``.
     """
-    # Y (float64), Omega and U (n x max_rank each, at most) and three max_rank x max_rank cores: checked
-    # before the rounds allocate them (n = 10**7 met numpy's "Unable to allocate 74.5 GiB")
-    check_allocation(
-        8 * (3 * n * max_rank + 3 * max_rank**2),
-        f"nystrom_pcg's adaptive sketch of up to max_rank={max_rank} columns of a {n} x {n} A",
-        "use a smaller max_rank, or give rank=",
-    )
     children = seeds.spawn(64)
     if max_rank <= n // DRAWN_MAX_FRACTION:
         result = _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, drawn=True)
@@ -370,6 +363,18 @@ def _adaptive_nystrom(A, n, dtype, sketch, seeds, start, max_rank, threshold):
 ROUNDS_DTYPE = np.float64
 
 
+def _check_round_memory(n: int, width: int) -> None:
+    """Before a round fills ``width`` columns: ``Y``, ``Omega`` and ``U`` (``n x width`` each, at most) and
+    the ``width x width`` cores. Checked a round at a time, as the buffers' pages are used (one check
+    of ``max_rank`` columns up front refused calls that stop far below it); ``n = 10**7`` had met
+    numpy's "Unable to allocate 74.5 GiB"."""
+    check_allocation(
+        8 * (3 * n * width + 3 * width**2),
+        f"nystrom_pcg's adaptive Nystrom sketch of {width} columns of a {n} x {n} matrix",
+        "pass nystrom_pcg a smaller max_rank or initial_rank (for SketchedRidge: a larger alpha)",
+    )
+
+
 def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *, drawn):
     """The rounds of :func:`_adaptive_nystrom`; None where the drawn blocks are ill-conditioned."""
     Omega = None if drawn else np.empty((n, max_rank), dtype, order="F")
@@ -382,6 +387,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
     applies_sketch = isinstance(A, GramOperator)  # S applied by A itself (a sparse sign from its pattern)
     e = None  # the rounds work on A / 2**e, e from the first products (below)
     for child in children:
+        _check_round_memory(n, width)
         S = make_sketch(sketch, n, width - l, seed=child, dtype=dtype)
         new = slice(l, width)
         if drawn:  # the block as a matrix; a dense A multiplies its transpose (S generated once)

@@ -154,7 +154,7 @@ def generate(
     stop : str or list of str, optional
         A sequence stops (and its text is cut) when its text contains one of these.
         Sequences also stop at the tokenizer's EOS token.
-    seed : int, numpy.random.SeedSequence or numpy.random.Generator, optional
+    seed : int, numpy.random.SeedSequence, numpy.random.Generator or numpy.random.RandomState, optional
         Seed of the sampler (ignored when greedy): a non-negative int (checked by rsketch's
         ``check_seed``, as rsketch's own seeds are). The ``t``-th token of ``prompts[i]`` is drawn
         at the uniform ``u(i, t)`` of :class:`~decoding.sampling.TokenNoise`, a pure function of

@@ -43,7 +43,7 @@ class TokenNoise:
 
     Parameters
     ----------
-    seed : None, int, numpy.random.SeedSequence or numpy.random.Generator
+    seed : None, int, numpy.random.SeedSequence, numpy.random.Generator or numpy.random.RandomState
         As :func:`rsketch._random.key_from_seed` takes it (a Generator gives a key drawn from it).
 
     Examples

@@ -220,7 +220,7 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
         The sketch ``S`` (``d x m``); any kind of :func:`rsketch.make_sketch`.
     sketch_size : int, optional
         ``d >= n``; default ``min(m, 2 n)``.
-    seed : None, int, SeedSequence or Generator
+    seed : None, int, SeedSequence, Generator or RandomState
 
     Returns
     -------

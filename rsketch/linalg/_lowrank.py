@@ -440,7 +440,7 @@ def range_finder(
     error_probes : bool, default True
         Compute ``error_estimate`` from 10 Gaussian vectors, multiplied by ``A`` in the first
         product from ``A`` (no pass of their own; one more pass for Dask input and with ``tol``).
-    seed : None, int, SeedSequence or Generator
+    seed : None, int, SeedSequence, Generator or RandomState
 
     Returns
     -------
@@ -1051,7 +1051,7 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
         ``l = rank + oversample`` columns are kept (the approximation has rank at most ``l``).
     sketch : str or SketchOperator, default "gaussian"
     oversample : int, default 10
-    seed : None, int, SeedSequence or Generator
+    seed : None, int, SeedSequence, Generator or RandomState
 
     Returns
     -------

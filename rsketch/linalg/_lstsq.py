@@ -95,7 +95,7 @@ def lstsq(
         squared residual). ``"precondition"``: sketch-and-precondition with iterative refinement,
         backward stable like Householder QR (``docs/solvers.md`` derives why). ``"ihs"``: iterative
         Hessian sketch (Pilanci & Wainwright 2016), a fresh sketch each iteration.
-    seed : None, int, SeedSequence or Generator
+    seed : None, int, SeedSequence, Generator or RandomState
         Randomness of the sketch(es); a fixed int gives the same sketch, and the same ``S X`` bit for
         bit under any thread count. The answer is bitwise reproducible for a fixed BLAS thread count:
         the QR and SVD of ``S X`` go through LAPACK, whose rounding follows OpenBLAS's threads

@@ -174,7 +174,7 @@ def nystrom_pcg(
         Default ``n``. A ConvergenceWarning is issued when reached.
     callback : callable, optional
         ``callback(x)`` after every iteration (for ``b`` of one column).
-    seed : None, int, SeedSequence or Generator
+    seed : None, int, SeedSequence, Generator or RandomState
 
     Returns
     -------

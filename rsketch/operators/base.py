@@ -53,7 +53,7 @@ class SketchOperator:
         ``S @ A``, and the number of columns of ``S`` (``S.shape[1]``).
     sketch_size : int
         Number of rows of ``S`` (``r`` in the papers).
-    seed : None, int, numpy.random.SeedSequence or numpy.random.Generator
+    seed : None, int, numpy.random.SeedSequence, numpy.random.Generator or numpy.random.RandomState
         Source of the Philox key. The same int or SeedSequence gives the same operator in every
         process and on every machine.
     dtype : numpy.float32 or numpy.float64

@@ -104,7 +104,7 @@ def make_sketch(kind, input_dim, sketch_size, *, seed=None, A=None, **options):
         The family (see ``docs/operators.md`` for when to choose which).
     input_dim, sketch_size : int
         ``S`` has shape ``(sketch_size, input_dim)``.
-    seed : None, int, SeedSequence or Generator
+    seed : None, int, SeedSequence, Generator or RandomState
         Philox key source.
     A : array or sparse matrix, optional
         Only for ``"leverage"`` without ``scores``: compute leverage scores from ``A``

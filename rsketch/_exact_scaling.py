@@ -45,16 +45,21 @@ def safe_shift(amax: float, dtype=np.float64) -> int:
     >>> safe_shift(1e20), safe_shift(1e20, np.float32)
     (0, 66)
     """
-    lo, hi = SAFE_RANGE[_arithmetic_dtype(dtype)]
+    lo, hi = SAFE_RANGE[arithmetic_dtype(dtype)]
     if not amax > 0 or 2.0**lo <= amax <= 2.0**hi:
         return 0
     return math.frexp(amax)[1] - 1
 
 
-def _arithmetic_dtype(dtype) -> np.dtype:
-    """float32 for float32 (and complex64), float64 for everything else."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype in (np.float32, np.complex64) else np.dtype(np.float64)
+def arithmetic_dtype(dtype) -> np.dtype:
+    """The float type a computation on data of ``dtype`` rounds in: float32 for float32, else float64.
+
+    Examples
+    --------
+    >>> arithmetic_dtype(np.float32), arithmetic_dtype(np.int64)
+    (dtype('float32'), dtype('float64'))
+    """
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float32 else np.dtype(np.float64)
 
 
 def max_abs(A, axis=None):

@@ -12,10 +12,15 @@ copied.
 
 Examples
 --------
->>> import numpy as np
->>> Y, shift = scale_columns(np.array([[3e200, 1.0], [1e200, 2.0]]))
->>> shift.tolist(), float(np.abs(Y[:, 0]).max()) < 2.0
-([665, 0], True)
+A design of entries near ``1e250``: its sketch is finite but out of range, so ``X`` is read again for
+its largest entry and sketched once more, scaled (``scale_columns`` itself: ``rsketch._exact_scaling``):
+
+>>> import numpy as np, rsketch
+>>> X = np.random.default_rng(0).standard_normal((500, 3)) * 1e250
+>>> S = rsketch.make_sketch("sparse_sign", 500, 30, seed=0)
+>>> X2, SX, shift, passes = sketch_design(S, X)
+>>> shift, passes, float(np.abs(X2).max()) < 2.0
+(832, 3, True)
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from rsketch._exact_scaling import scale_design
+from rsketch._exact_scaling import arithmetic_dtype, scale_design
 from rsketch._random import (
     STREAM_SAMPLE,
     STREAM_SELECT,
@@ -397,7 +397,7 @@ def leverage_rank(s, shape, dtype=np.float64) -> int:
     >>> leverage_rank(s, (10, 3)), leverage_rank(s, (10, 3), np.float32)
     (3, 2)
     """
-    eps = np.finfo(np.float32 if np.dtype(dtype) == np.float32 else np.float64).eps
+    eps = np.finfo(arithmetic_dtype(dtype)).eps
     rank = int(np.sum(s > s[0] * max(shape) * eps)) if s.size and s[0] > 0 else 0
     if rank == 0:
         raise _zero_matrix_error()

@@ -934,7 +934,8 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
     Parameters
     ----------
     A : ndarray, sparse matrix or LinearOperator of shape (n, n), symmetric
-        Symmetry is checked for dense and sparse input (``||A - A.T||_F <= 1e-10 ||A||_F``).
+        Symmetry is checked for dense and sparse input (``||A - A.T||_F <= 1e-10 ||A||_F``), and
+        for a LinearOperator through its projection ``Q.T A Q`` (:func:`check_projected_symmetric`).
     rank : int
     sketch, oversample, passes, seed
         As for :func:`range_finder`.
@@ -965,6 +966,7 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
     found = _find_range(A, dtype, rank, sketch, oversample, passes, "subspace", None, 10, False, seed)
     Q = found.Q
     T = Q.T @ _matmat(A, Q)
+    check_projected_symmetric(T, n)
     w, Z = scipy.linalg.eigh((T + T.T) / 2, check_finite=False)
     order = np.argsort(-np.abs(w), kind="stable")[: min(rank, w.size)]
     w, V = w[order], Q @ Z[:, order]
@@ -983,9 +985,10 @@ SYMMETRY_BLOCK_BYTES = 8 << 20
 
 def check_symmetric(A, name="A"):
     """``ValueError`` unless ``||A - A.T||_F <= max(1e-10, 100 u) ||A||_F`` for a dense or sparse
-    square ``A`` (a LinearOperator is taken at its word): the methods for symmetric matrices read
-    only products ``A V`` and would return a wrong answer for any other. The bound leaves room for
-    a product's rounding (a float32 ``X.T @ X`` from GEMM is symmetric to ``O(u)``, not exactly)."""
+    square ``A`` (a LinearOperator is checked later, through its projection:
+    :func:`check_projected_symmetric`): the methods for symmetric matrices read only products
+    ``A V`` and would return a wrong answer for any other. The bound leaves room for a product's
+    rounding (a float32 ``X.T @ X`` from GEMM is symmetric to ``O(u)``, not exactly)."""
     if isinstance(A, LinearOperator):
         return
     if sp.issparse(A):
@@ -1001,6 +1004,36 @@ def check_symmetric(A, name="A"):
     if asym > max(1e-10, 100 * np.finfo(A.dtype).eps) * size:
         raise ValueError(
             f"{name} must be symmetric: ||{name} - {name}.T||_F / ||{name}||_F = {asym / size:.3g}"
+        )
+
+
+def check_projected_symmetric(T, n: int, name="A"):
+    """``ValueError`` unless the projection ``T = V.T A V`` (``V`` orthonormal, ``n`` rows) is
+    symmetric to rounding: ``||T - T.T||_F <= min(1e-2, max(sqrt(u), 10 n u)) ||T||_F``.
+
+    The check of a LinearOperator, which :func:`check_symmetric` cannot read: ``eigh`` and
+    ``nystrom`` form ``T`` anyway and used to symmetrise it unseen, so an upper-triangular operator
+    of ones (every eigenvalue 1) gave eigenvalues ``[96.1, 0.5, 0.5]`` with no error (its ``T`` was
+    1.10 away from symmetric). The products' rounding is of order ``n u`` of ``||T||``; below
+    ``sqrt(u)`` no operator is refused, and one asymmetric by 1% of its norm always is.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_projected_symmetric(np.array([[2.0, 1.0], [1.0, 3.0]]), 100)
+    >>> check_projected_symmetric(np.array([[2.0, 1.0], [0.0, 3.0]]), 100)
+    Traceback (most recent call last):
+    ...
+    ValueError: A must be symmetric: ... ||T - T.T||_F / ||T||_F = 0.378 (rounding allows 1.5e-08); ...
+    """
+    eps = np.finfo(T.dtype).eps
+    bound = min(1e-2, max(math.sqrt(eps), 10 * n * eps))
+    asym, size = frobenius_norm(T - T.T), frobenius_norm(T)
+    if asym > bound * size:
+        raise ValueError(
+            f"{name} must be symmetric: its projection V.T {name} V onto the sketch's basis has "
+            f"||T - T.T||_F / ||T||_F = {asym / size:.3g} (rounding allows {bound:.2g}); check its "
+            "matvec, or use svd for a non-symmetric matrix"
         )
 
 
@@ -1047,6 +1080,7 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     Parameters
     ----------
     A : ndarray, sparse matrix or LinearOperator of shape (n, n), symmetric positive semi-definite
+        Symmetry checked as for :func:`eigh` (an operator through ``Omega.T A Omega``).
     rank : int
         ``l = rank + oversample`` columns are kept (the approximation has rank at most ``l``).
     sketch : str or SketchOperator, default "gaussian"
@@ -1095,6 +1129,7 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     eps = np.finfo(dtype).eps
     nu = math.sqrt(n) * eps * float(np.linalg.norm(Y, 2))
     cross = Omega.T @ Y
+    check_projected_symmetric(cross, n)
     cross = (cross + cross.T) / 2
     C, nu = _psd_core(cross, np.eye(width, dtype=dtype), nu, n, "nystrom", e)  # an error in A's units
     Y_nu = Y + nu * Omega

@@ -15,7 +15,7 @@ import pytest
 import scipy.linalg
 import scipy.linalg.interpolative as sli
 import scipy.sparse as sp
-from scipy.sparse.linalg import aslinearoperator
+from scipy.sparse.linalg import LinearOperator, aslinearoperator
 from sklearn.utils.extmath import randomized_svd
 
 import rsketch
@@ -215,6 +215,21 @@ def test_methods_for_symmetric_matrices_refuse_a_nonsymmetric_one(fmt, monkeypat
     G = G.T @ G
     G[3, 5] *= 1 + 1e-6
     assert eigh(G, 3, seed=0).eigenvalues.dtype == np.float32
+
+
+def test_methods_for_symmetric_matrices_check_an_operator_through_its_projection():
+    # A LinearOperator cannot be read: its projection V.T A V, formed anyway, must be symmetric to
+    # rounding. An upper-triangular operator of ones (every eigenvalue 1) had given eigenvalues
+    # [96.1, 0.5, 0.5] from eigh and [388, 112, 57] from nystrom, with no error.
+    T = np.triu(np.ones((200, 200)))
+    for call in (lambda: eigh(aslinearoperator(T), 3, seed=0), lambda: nystrom(aslinearoperator(T), 3, seed=0)):
+        with pytest.raises(ValueError, match=r"A must be symmetric: its projection V.T A V .* = 1\.[0-9]"):
+            call()
+    # A symmetric operator whose products round differently from A's (X.T (X v)) passes.
+    X = np.random.default_rng(1).standard_normal((300, 120))
+    op = LinearOperator((120, 120), matvec=lambda v: X.T @ (X @ v), dtype=np.float64)
+    np.testing.assert_allclose(eigh(op, 3, seed=0).eigenvalues, eigh(X.T @ X, 3, seed=0).eigenvalues, rtol=1e-10)
+    assert nystrom(op, 3, seed=0).eigenvalues.size == 13
 
 
 def test_any_scale_gives_the_same_answer_or_a_clear_overflow_error():

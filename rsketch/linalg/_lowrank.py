@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.kernels import cpu
 from rsketch.linalg._common import column_norms, frobenius_norm
+from rsketch.linalg._results import ConvergenceWarning
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
 RANGE_METHODS = ("subspace", "block_krylov")
@@ -434,8 +436,10 @@ def range_finder(
         ``l`` columns, orthonormalised together; Musco & Musco 2015), ``l (q + 1)`` columns.
     tol : float, optional
         Adaptive: grow the basis by ``block_size`` columns at a time (each block with the same
-        ``passes``) until the error estimate is at most ``tol`` (absolute, spectral norm) or the
-        basis has ``rank`` columns.
+        ``passes`` of subspace iteration; ``method`` is not used) until the error estimate is at
+        most ``tol`` (absolute, spectral norm), the basis holds ``A``'s range to rounding, or the
+        basis has ``rank`` columns; in the last case, with the estimate above ``tol``, a
+        :class:`~rsketch.ConvergenceWarning` gives it.
     block_size : int, default 10
     error_probes : bool, default True
         Compute ``error_estimate`` from 10 Gaussian vectors, multiplied by ``A`` in the first
@@ -519,7 +523,7 @@ def _find_range(
     passes = check_passes(passes)
     check_option(method, "method", RANGE_METHODS)
     check_seed(seed)
-    if method == "block_krylov" and passes % 2 == 0:
+    if method == "block_krylov" and passes % 2 == 0 and tol is None:  # with tol, each block is subspace
         raise ValueError(f"method='block_krylov' needs an odd number of passes (2 q + 1), got {passes}")
     seeds = seed_sequence(seed).spawn(2)
     width = min(rank + oversample, m, n)
@@ -720,6 +724,7 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
     norm_estimate = float(column_norms(R).max())
     est = scale * norm_estimate
     children = seeds[0].spawn(max(1, -(-max_rank // block_size)))
+    at_rounding = False
     for child in children:
         if est <= tol or Q.shape[1] >= max_rank:
             break
@@ -728,10 +733,21 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
         used += passes
         Y = _new_directions(Y, Q, norm_estimate)
         if Y is None:  # A's range is in Q to rounding: another block would add only noise
+            at_rounding = True
             break
         Q = np.hstack([Q, Y])
         R = R - Y @ (Y.T @ R)
         est = scale * float(column_norms(R).max())
+    # A basis that holds A's range to rounding is the best this precision gives, whatever the
+    # estimate (an upper bound, 8x the largest probe's residual, it can sit above a tol that the
+    # error itself meets); one cut short by rank is not.
+    if est > tol and not at_rounding:
+        warnings.warn(
+            f"the adaptive range finder stopped at rank={max_rank} columns: raise rank (error estimate "
+            f"{est:.3g}, tol={tol:g})",
+            ConvergenceWarning,
+            stacklevel=4,  # the caller of range_finder or svd
+        )
     return RangeFinderResult(Q, est, used, "adaptive")
 
 

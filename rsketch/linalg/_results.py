@@ -8,7 +8,8 @@ import numpy as np
 
 
 class ConvergenceWarning(UserWarning):
-    """An iterative solver stopped at ``max_iter`` before meeting ``tol`` (``converged=False``).
+    """An iterative method stopped before meeting its ``tol``: a solver at ``max_iter``
+    (``converged=False``), or the adaptive range finder at its largest basis (``rank`` columns).
 
     Examples
     --------

@@ -103,7 +103,7 @@ def test_adaptive_range_finder_stops_at_rounding_with_an_orthonormal_basis(passe
     # It used to be appended (||Q.T Q - I|| = 33, an estimate of 5e-13 where the error was 1.7e3).
     rng = np.random.default_rng(5)
     B = rng.standard_normal((80, 6)) @ rng.standard_normal((6, 50))
-    res = range_finder(B, 50, tol=1e-14, block_size=block_size, passes=passes, seed=0)
+    res = range_finder(B, 50, tol=1e-14, block_size=block_size, passes=passes, seed=0)  # no warning
     Q = res.Q
     assert Q.shape[1] == 6 and np.linalg.norm(Q.T @ Q - np.eye(6), 2) <= 1e-14
     norm = np.linalg.norm(B, 2)
@@ -116,6 +116,22 @@ def test_adaptive_range_finder_stops_at_rounding_with_an_orthonormal_basis(passe
     Q = range_finder(A, 200, tol=tol, block_size=block_size, passes=passes, seed=0).Q
     assert np.linalg.norm(Q.T @ Q - np.eye(Q.shape[1]), 2) <= 1e-14
     assert np.linalg.norm(A - Q @ (Q.T @ A), 2) <= tol and Q.shape[1] <= 160
+
+
+def test_adaptive_range_finder_warns_when_it_stops_at_rank_above_tol():
+    # The basis reached rank first: the estimate, 1e8 times tol, came back with no signal. And with
+    # tol, method is not used (each block is subspace iteration): block_krylov's odd-passes rule
+    # refused svd(tol=..., passes=4).
+    A = np.random.default_rng(0).standard_normal((300, 200)) / np.sqrt(np.arange(1, 201))
+    for call in (lambda: svd(A, 20, tol=1e-6, seed=0), lambda: range_finder(A, 20, tol=1e-6, seed=0)):
+        with pytest.warns(rsketch.ConvergenceWarning, match=r"stopped at rank=20 columns: raise rank \(error estimate 2"):
+            res = call()
+        assert res.error_estimate > 100
+    with pytest.warns(rsketch.ConvergenceWarning):
+        even = svd(A, 10, tol=1e-3, passes=4, seed=0)
+    assert even.s.size == 10
+    with pytest.raises(ValueError, match="odd number of passes"):
+        svd(A, 10, passes=4)
 
 
 def test_block_krylov_beats_subspace_iteration_at_equal_passes_on_a_slow_decay():

@@ -15,6 +15,7 @@ import numpy as np
 import scipy.linalg
 import scipy.linalg.blas
 import scipy.sparse as sp
+from scipy.sparse.linalg import LinearOperator
 
 import rsketch.linalg._lowrank_array as array_lowrank
 from rsketch._backend import is_non_numpy_array
@@ -22,6 +23,7 @@ from rsketch._validation import check_finite, check_int, check_operand, check_re
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.linalg._common import column_norms
+from rsketch.linalg._lowrank import check_test_matrix_kind
 from rsketch.operators import SketchOperator, make_sketch
 
 
@@ -63,7 +65,7 @@ class InterpolativeResult:
 
     Attributes
     ----------
-    idx : ndarray of shape (n,)
+    idx : ndarray of shape (n,), int64
     proj : ndarray of shape (rank, n - rank)
     rank : int
 
@@ -120,7 +122,7 @@ def _solve_right_upper(R, Qt):
     return trmm(1.0, np.asfortranarray(R_inv), Qt, side=0, lower=0, trans_a=1, overwrite_b=1)
 
 
-def _check_tall(A):
+def _check_tall(A, caller="CQRRPT", wide_hint="use scipy.linalg.qr"):
     if is_dask_array(A):
         A, _ = dask_lowrank.check_tall_dask(A)
         if A.shape[0] < A.shape[1]:
@@ -128,8 +130,11 @@ def _check_tall(A):
         return A
     if is_non_numpy_array(A):
         array_lowrank.refuse(A)
-    if sp.issparse(A):
-        raise TypeError("A must be a dense array for CQRRPT (it forms Q, an m x rank dense array)")
+    if sp.issparse(A) or isinstance(A, LinearOperator):
+        raise TypeError(
+            f"A must be a dense array for {caller} (it forms Q, an m x rank dense array), got "
+            f"{type(A).__name__}; for a sparse matrix or an operator, use svd or range_finder"
+        )
     # float32 kept, integers to float64; NaN/inf are found from the sketch and the Gram (both see
     # every entry of A that reaches Q), which saves a full pass over A
     A, is_vector = check_operand(A, None, "A", check_finite_values=False)
@@ -137,7 +142,7 @@ def _check_tall(A):
         raise ValueError(f"A must be 2-D, got a vector of shape {A.shape[:1]}")
     m, n = A.shape
     if m < n:
-        raise ValueError(f"A must be tall (m >= n) for CQRRPT, got shape {A.shape}; use scipy.linalg.qr")
+        raise ValueError(f"A must be tall (m >= n) for {caller}, got shape {A.shape}; {wide_hint}")
     return A
 
 
@@ -217,7 +222,8 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
         ``numpy.linalg.matrix_rank`` for ``A`` (and of the ``geqp3`` path): the problem's, not the
         sketch's, so the rank does not depend on ``sketch_size``.
     sketch : str or SketchOperator, default "sparse_sign"
-        The sketch ``S`` (``d x m``); any kind of :func:`rsketch.make_sketch`.
+        The sketch ``S`` (``d x m``); any kind of :func:`rsketch.make_sketch` but ``"leverage"``
+        (its scores would come from ``A``: give a leverage-sampling operator instead).
     sketch_size : int, optional
         ``d >= n``; default ``min(m, 2 n)``.
     seed : None, int, SeedSequence, Generator or RandomState
@@ -270,6 +276,8 @@ def qr_pivoted(A, *, tol=None, sketch="sparse_sign", sketch_size=None, seed=None
         tol = check_real(tol, "tol")
         if not 0 <= tol < 1:
             raise ValueError(f"tol must lie in [0, 1), got {tol}")
+    if not isinstance(sketch, SketchOperator):
+        check_test_matrix_kind(sketch)  # leverage scores would come from A itself: pass an operator
     d = _sketch_rows(A, sketch, sketch_size)
     if d >= m and not isinstance(sketch, SketchOperator):  # no sketch is smaller than A itself
         return _householder_of(A, tol)
@@ -379,7 +387,7 @@ def interpolative(A, rank, *, sketch="sparse_sign", sketch_size=None, seed=None)
     >>> bool(err < 1e-3 * np.linalg.norm(A, 2))
     True
     """
-    A = _check_tall(A)
+    A = _check_tall(A, "interpolative", "for a wide A use scipy.linalg.interpolative.interp_decomp")
     rank = check_int(rank, "rank", minimum=1, maximum=A.shape[1])
     res = qr_pivoted(A, sketch=sketch, sketch_size=sketch_size, seed=seed)
     if rank > res.rank:
@@ -389,4 +397,5 @@ def interpolative(A, rank, *, sketch="sparse_sign", sketch_size=None, seed=None)
         )
     R = res.R
     proj = scipy.linalg.solve_triangular(R[:rank, :rank], R[:rank, rank:], lower=False, check_finite=False)
-    return InterpolativeResult(res.perm, proj, rank)
+    # int64 as interp_decomp's: SciPy's id_to_svd refuses LAPACK's int32 pivots (a buffer dtype mismatch)
+    return InterpolativeResult(res.perm.astype(np.int64), proj, rank)

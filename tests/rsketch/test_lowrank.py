@@ -442,6 +442,10 @@ def test_interpolative_against_scipy_interpolative():
     err_scipy = np.linalg.norm(A - B @ P, 2)
     assert err <= 3 * err_scipy
     assert err >= 0.5**k * 0.5  # at least s_{k+1}, within rounding: the test can fail
+    # SciPy's tools take our (idx, proj): its id_to_svd refused LAPACK's int32 pivots
+    assert ours.idx.dtype == idx.dtype == np.int64
+    U, s, V = sli.id_to_svd(ours.skeleton(A), ours.idx, ours.proj)
+    assert np.linalg.norm(A - (U * s) @ V.conj().T, 2) == pytest.approx(err, rel=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -475,6 +479,11 @@ def test_interpolative_against_scipy_interpolative():
             "sketch must be a kind name for the adaptive rank",
         ),
         (lambda A: qr_pivoted(A.T), "must be tall"),
+        (lambda A: interpolative(A.T, 3), r"tall \(m >= n\) for interpolative.*scipy.linalg.interpolative"),
+        (lambda A: interpolative(aslinearoperator(A), 3), "dense array for interpolative.*LinearOperator"),
+        (lambda A: qr_pivoted(sp.csr_matrix(A)), "dense array for CQRRPT.*csr_matrix.*use svd"),
+        (lambda A: qr_pivoted(A, sketch="foo"), "sketch must be one of"),
+        (lambda A: qr_pivoted(A, sketch="leverage"), "sketch must be one of"),
         (lambda A: interpolative(A, 0), "rank must be >= 1"),
         (lambda A: nystrom(A, 3), "must be square"),
         (lambda A: svd(np.where(A > 2, np.nan, A), 3), "NaN or infinite"),

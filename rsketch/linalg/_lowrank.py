@@ -237,7 +237,7 @@ def _operator_product(A, Y, adjoint):
     """``A @ Y`` (``A.T @ Y`` with ``adjoint``) of a LinearOperator, checked: a product of another
     shape was broadcast into the basis (an ``(m, 1)`` result for ``(m, k)`` gave singular values
     22.0, 16.0, 10.8 for 23.1, 22.5, 22.0), and a missing ``rmatvec`` met SciPy's bare
-    "'NoneType' object is not callable"."""
+    "'NoneType' object is not callable". Returned in ``A.dtype``."""
     rows = A.shape[1] if adjoint else A.shape[0]
     try:
         AY = np.asarray(A.rmatmat(Y) if adjoint else A.matmat(Y))
@@ -254,7 +254,9 @@ def _operator_product(A, Y, adjoint):
             f"the LinearOperator A returned {what} of shape {AY.shape} and dtype {AY.dtype} for Y of shape "
             f"{Y.shape}: expected a real float array of shape {(rows, Y.shape[1])}"
         )
-    return AY
+    # In the dtype A declares, the one the results promise: a float32 operator whose products came
+    # back float64 gave float64 U and Vt beside float32 s
+    return AY.astype(A.dtype, copy=False)
 
 
 # The scatter form's private (n, l) sums: as many as fit in this many bytes, at most 4 (a function

@@ -73,6 +73,19 @@ def test_a_linear_operator_with_products_of_another_shape_is_refused():
         rsketch.svd(ints, 5, seed=0)
 
 
+def test_an_operator_s_results_are_in_the_dtype_it_declares():
+    # a float32 operator whose products came back float64: svd gave float64 U and Vt beside float32 s,
+    # eigh all float64, nystrom float64 U beside float32 eigenvalues
+    op = LinearOperator((40, 40), matvec=lambda v: P @ v, rmatvec=lambda v: P @ v, dtype=np.float32)
+    res = rsketch.svd(op, 3, seed=0)
+    assert res.U.dtype == res.s.dtype == res.Vt.dtype == np.float32
+    res = rsketch.eigh(op, 3, seed=0)
+    assert res.eigenvalues.dtype == res.eigenvectors.dtype == np.float32
+    res = rsketch.nystrom(op, 3, seed=0)
+    assert res.U.dtype == res.eigenvalues.dtype == np.float32
+    assert rsketch.range_finder(op, 3, seed=0).Q.dtype == np.float32
+
+
 def test_eigh_takes_a_symmetric_operator_with_a_matvec_only():
     # it met "'NoneType' object is not callable" asking for A.T products; svd needs them, and says so
     only = LinearOperator((40, 40), matvec=lambda v: P @ v, dtype=float)

@@ -471,6 +471,7 @@ def test_interpolative_against_scipy_interpolative():
         ),
         (lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones(30), 1.0, sketch="bogus"), "sketch must be one of"),
         (lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones(30), 1.0, callback=3), "callback must be callable"),
+        (lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones(30), 1.0, oversample=-5), "oversample must be >= 0"),
         (lambda A: rsketch.nystrom_pcg(A.T @ A, np.ones((30, 0)), 1.0), r"b is empty \(shape \(30, 0\)\)"),
         (
             lambda A: rsketch.nystrom_pcg(

@@ -1062,6 +1062,13 @@ def check_projected_symmetric(T, n: int, name="A"):
 PSD_ROUNDING = 10.0
 
 
+def _precision_name(eps) -> str:
+    """The float dtype whose rounding unit is ``eps`` (the products' precision, which the rounds of
+    ``nystrom_pcg`` may carry in a wider dtype)."""
+    names = (t.__name__ for t in (np.float16, np.float32, np.float64) if np.finfo(t).eps == eps)
+    return next(names, f"u = {eps:.2g}")
+
+
 def _psd_core(cross, omega_gram, nu, n, caller, exponent=0, eps=None):
     """``(C, nu)``: the upper Cholesky factor ``C`` of ``cross + nu omega_gram`` (``cross = Omega.T A
     Omega``, symmetric; ``omega_gram = Omega.T Omega``), the stable Nyström method's core, and the
@@ -1082,8 +1089,12 @@ def _psd_core(cross, omega_gram, nu, n, caller, exponent=0, eps=None):
     low, high = math.ldexp(w[0], exponent), math.ldexp(w[-1], exponent)
     raise ValueError(
         f"A is not positive semi-definite: Omega.T A Omega has the eigenvalue {low:.3g} relative to "
-        f"Omega.T Omega (largest {high:.3g}); {caller} needs a PSD matrix"
+        f"Omega.T Omega (largest {high:.3g}), beyond {_precision_name(eps)} rounding "
+        f"({PSD_ROUNDING:g} n u of the largest); {caller} needs a PSD matrix"
         + (" (use eigh for an indefinite one)" if caller == "nystrom" else "")
+        + ". A sketch sees A's spectrum in its range only, so another seed may miss such an eigenvalue; "
+        "a PSD matrix rounded in lower precision (a float32 kernel) is PSD to that precision: pass it "
+        "in it, or add a shift"
     )
 
 

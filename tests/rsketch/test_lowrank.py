@@ -280,6 +280,17 @@ def test_nystrom_refuses_a_matrix_that_is_not_psd_with_the_eigenvalue():
     A = np.diag([3.0, 2.0, -1.0, 0.5])
     with pytest.raises(ValueError, match=r"not positive semi-definite.*eigenvalue -"):
         nystrom(A, 3, oversample=1, seed=0)
+    # A float32 kernel in float64 is indefinite at float64's rounding, and a sketch sees that or not
+    # by its seed (2 of 5 seeds accepted it): the message says so, names the precision and the way
+    # out, the kernel in float32, which every seed accepts.
+    X = np.random.default_rng(0).standard_normal((300, 3)).astype(np.float32)
+    K = np.exp(-0.01 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))  # float32
+    with pytest.raises(ValueError, match=r"beyond float64 rounding .* another seed may miss .* pass it in it"):
+        nystrom(K.astype(np.float64), 20, seed=0)
+    for seed in range(5):
+        assert nystrom(K, 20, seed=seed).eigenvalues.dtype == np.float32
+    with pytest.raises(ValueError, match=r"beyond float32 rounding"):
+        rsketch.nystrom_pcg(np.diag(np.float32([3, 2, -1, 0.5])), np.ones(4, np.float32), 1e-3, rank=3, seed=0)
 
 
 # --------------------------------------------------------------------------------------------- CQRRPT

@@ -120,6 +120,23 @@ def test_gaussian_means_match_inverse_wishart_moments():
     assert b.select("pe", "expectation")[0].value == pytest.approx(e_pe)
 
 
+def test_gaussian_means_are_infinite_up_to_r_equals_p_plus_one():
+    """E[C] is infinite for a Gaussian S with r <= p + 1 (the inverse Wishart's mean): every draw has
+    full rank, and the sample mean grew with the draws (88, 218, 1340 for 100, 1,000, 10,000 at
+    p = 2, r = 3) behind a 95 % interval that never held the truth. The medians stay finite."""
+    X, y = _problem(40, 2, 11)
+    for r in (2, 3):
+        res = rsketch.efficiency(X, sketch="gaussian", sketch_size=r, y=y, n_sketches=50, seed=1)
+        assert res.n_rank_deficient == 0
+        assert res.pe == res.re == res.wc == math.inf and res.pe_ci == res.wc_ci == (math.inf, math.inf)
+        assert math.isfinite(res.pe_median) and math.isfinite(res.mean_given_full_rank("pe"))
+        assert "infinite for r <= p + 1 = 3" in str(res)
+    res = rsketch.efficiency(X, sketch="gaussian", sketch_size=4, y=y, n_sketches=50, seed=1)
+    assert math.isfinite(res.pe) and math.isfinite(res.pe_ci[1])
+    # the discrete sketches take finitely many values: their means stay finite at r = p + 1
+    assert math.isfinite(rsketch.efficiency(X, sketch="srht", sketch_size=3, n_sketches=20, seed=1).pe)
+
+
 def test_gaussian_at_r_equals_n_tends_to_two_not_one():
     """A Gaussian sketch with r = n is not an isometry: E[C_PE] = 1 + (n-p)/(n-p-1), about 2."""
     n, p, k = 60, 4, 300

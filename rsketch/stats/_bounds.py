@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rsketch._validation import MAX_INDEX, check_float_dtype, check_int, check_sketch_kind
+from rsketch._validation import MAX_INDEX, check_float_dtype, check_int, check_real_vector, check_sketch_kind
 from rsketch.operators.factory import check_sketch_options
 from rsketch.operators.sampling import DEFAULT_UNIFORM_MIX, _check_scores, check_uniform_mix
 
@@ -139,13 +139,9 @@ class SketchBounds:
 def _check_leverage(leverage, n: int, p: int) -> np.ndarray | None:
     if leverage is None:
         return None
-    try:
-        ell = np.asarray(leverage, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"leverage must be a 1-D array of leverage scores: {exc}") from exc
-    if ell.shape != (n,):
-        raise ValueError(f"leverage must have shape ({n},), got {ell.shape}")
-    if not np.isfinite(ell).all() or (ell < -1e-12).any() or (ell > 1 + 1e-9).any():
+    # real numbers only, as every operand: complex scores lost their imaginary part, strings were parsed
+    ell = check_real_vector(leverage, n, "leverage")
+    if (ell < -1e-12).any() or (ell > 1 + 1e-9).any():
         raise ValueError("leverage scores must lie in [0, 1]")
     if abs(ell.sum() - p) > 1e-6 * max(1.0, p):
         raise ValueError(f"leverage scores must sum to p = {p} (rank of X), got {ell.sum():.6g}")
@@ -220,6 +216,27 @@ def _embedding_rows(p: int) -> int:
 def _embedding_condition(p: int, r: int) -> tuple[bool, str]:
     r0 = _embedding_rows(p)
     return r >= r0, f"r >= max(p + 2, p ln p) = {r0} (the paper's 'r of order p log p', constant 1)"
+
+
+def _flag_shapes_below_the_lower_bound(allb: list) -> list:
+    """A shape-only upper bound on ``C_PE`` (constant set to 1) that falls below an explicit lower bound
+    on ``E[C_PE]`` says so in its note: uniform
+    sampling at ``r = 1,000`` of ``n = 1,024`` read ``n / r = 1.0`` against a lower bound of 1.58
+    (sampling with replacement repeats rows), and the figures drew it as an upper bound."""
+    lowers = [b.value for b in allb if b.measure == "pe" and b.side == "lower" and math.isfinite(b.value)]
+    if not lowers:
+        return allb
+    lower = max(lowers)
+    return [
+        dataclasses.replace(
+            b,
+            note=f"{b.note}; with C = 1 it lies below the lower bound {lower:.3g} on E[C_PE] here: a "
+            "shape, not a value",
+        )
+        if b.measure == "pe" and b.side == "upper" and not b.constants_explicit and 0 < b.value < lower
+        else b
+        for b in allb
+    ]
 
 
 # --------------------------------------------------------------------------------------------- families
@@ -456,19 +473,21 @@ def _sampling_shapes(kind, n, p, r, pi, ell_eff) -> list[Bound]:
             )
         )
     if kind == "uniform":
+        # n max_i l_i log p, with log p at least 1 (at p = 1 log p = 0 had made it hold at r = 1 with a
+        # leverage of 0.73, where C_PE's 90 % quantile was 700 times n / r), and an embedding's r at least
         lmax = float(ell_eff.max()) if ell_eff is not None else 1.0
-        ok = r >= n * lmax * math.log(p) if p > 1 else True
+        r0 = max(_embedding_rows(p), math.ceil(n * lmax * max(1.0, math.log(p))))
         out.append(
             Bound(
                 "pe",
                 "upper",
-                n / r if ok else math.nan,
+                n / r if r >= r0 else math.nan,
                 "C n/r  if r >~ n max_i l_i log p",
                 PAPER_SHAPE,
                 None,
                 False,
                 "draw",
-                "r >= n max_i l_i log p",
+                f"r >= max(p + 2, p ln p, n max_i l_i max(1, ln p)) = {r0}",
                 "constant C unknown (set to 1)",
             )
         )
@@ -641,7 +660,9 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
         check_uniform_mix(sketch_options["uniform_mix"])
     if sketch_options.get("nnz_per_column") is not None:
         check_int(sketch_options["nnz_per_column"], "nnz_per_column", minimum=1, maximum=r)
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0 < float(delta) < 1:
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
+        raise TypeError(f"delta must be a real number in (0, 1), got {type(delta).__name__}")
+    if not 0 < float(delta) < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
     delta = float(delta)
     ell = _check_leverage(leverage, n, p)
@@ -688,6 +709,8 @@ def bounds(kind, *, n, p, r, leverage=None, delta=0.1, **sketch_options) -> Sket
             else b
             for b in allb
         ]
+
+    allb = _flag_shapes_below_the_lower_bound(allb)
 
     def primary(measure, side):
         # The first bound listed for (measure, side): each family lists its preferred one first.

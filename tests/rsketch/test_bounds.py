@@ -139,6 +139,24 @@ def test_sampling_bounds_need_leverage_and_flag_shapes():
     assert uni.pe_upper.value == pytest.approx(lev0.pe_upper.value)
 
 
+def test_uniform_shape_needs_its_rows_at_p_one_and_says_when_it_is_below_the_lower_bound():
+    # At p = 1, log p = 0 had made "r >~ n max l log p" hold at any r: n / r = 32 at r = 8 with a
+    # leverage of 0.73, where the 0.9-quantile of C_PE was 23,099.
+    ell = np.full(256, 0.27 / 255)
+    ell[0] = 0.73
+    b = rsketch.bounds("uniform", n=256, p=1, r=8, leverage=ell)
+    shape = next(u for u in b.all if u.formula.startswith("C n/r"))
+    assert math.isnan(shape.value) and "= 187" in shape.condition
+    assert next(u for u in rsketch.bounds("uniform", n=256, p=1, r=187, leverage=ell).all
+                if u.formula.startswith("C n/r")).value == pytest.approx(256 / 187)  # fmt: skip
+    # With C = 1 a shape can sit below the explicit lower bound on E[C_PE]: its note says so.
+    ell = np.full(10, 0.2)
+    b = rsketch.bounds("leverage", n=10, p=2, r=5, leverage=ell)
+    shape = next(u for u in b.all if not u.constants_explicit and u.side == "upper")
+    assert shape.value < b.pe_lower.value and "below the lower bound 2.44" in shape.note
+    assert not any("below the lower bound" in u.note for u in b.all if u.constants_explicit)
+
+
 def test_chernoff_eps():
     e1, e2 = chernoff_eps(10, 0.01, 0.05), chernoff_eps(10, 0.005, 0.05)
     assert 0 < e2 < e1 < 1
@@ -156,6 +174,9 @@ def test_chernoff_eps():
         ({"p": 100}, ValueError, "p"),
         ({"delta": 1.0}, ValueError, "delta"),
         ({"delta": 0}, ValueError, "delta"),
+        ({"delta": True}, TypeError, "delta must be a real number"),
+        ({"leverage": np.full(100, 0.05) + 0.5j}, TypeError, "leverage must hold real numbers"),
+        ({"leverage": ["0.05"] * 100}, TypeError, "leverage must hold real numbers"),
         ({"leverage": np.ones(5)}, ValueError, "leverage"),
         ({"leverage": np.full(100, 0.5)}, ValueError, "sum to p"),
         # Options and sizes are checked as make_sketch and efficiency check them.

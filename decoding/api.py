@@ -100,16 +100,24 @@ def _loop_arguments(
             )
     # before the drafter and the cost model are set up (measuring a cost curve takes a while)
     max_batch = check_max_batch(max_batch, n_prompts=len(ids), padded=method == "vanilla")
-    noise = TokenNoise(seed)
     eos = [
         e for e in (getattr(tokenizer, "eos_id", None), getattr(tokenizer, "eot_id", None)) if e is not None
     ]
     if method not in METHODS:
         raise ValueError(f"method must be 'autoregressive', 'ems' or 'vanilla', got {method!r}")
     return dict(
-        prompt_ids=ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, noise=noise,
+        prompt_ids=ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, seed=seed,
         stream=stream, eos_ids=eos, max_batch=max_batch,
     )  # fmt: skip
+
+
+def _token_noise(kw: dict) -> dict:
+    """``kw`` with its ``seed`` made the loops' :class:`TokenNoise`, once every argument is checked:
+    a Generator given as ``seed`` is drawn from only when sampling and only by a call that runs (it
+    had been drawn from by greedy calls, which ignore it, and by calls refused for another argument,
+    so that the corrected call sampled other tokens than a first one would)."""
+    seed = kw.pop("seed")
+    return dict(kw, noise=TokenNoise(0 if kw["sampling"].greedy else seed))
 
 
 def generate(
@@ -160,7 +168,8 @@ def generate(
         at the uniform ``u(i, t)`` of :class:`~decoding.sampling.TokenNoise`, a pure function of
         the seed: the same seed gives the same tokens for every method (speculative decoding
         verifies drafts against the very token sampling draws), batch size, ``max_batch``, thread
-        count and draft budget. None draws a fresh seed.
+        count and draft budget. None draws a fresh seed. A Generator (or RandomState) is drawn
+        from once, when sampling, after every argument is checked.
     stream : callable, optional
         ``stream(i, text)`` receives each new piece of the text of prompt ``i`` as it is generated.
     method : {"autoregressive", "ems", "vanilla"}, default "autoregressive"
@@ -233,10 +242,10 @@ def generate(
     )  # fmt: skip
     with blas_threads():
         if method == "autoregressive":
-            return autoregressive_generate(model, tokenizer, **kw)
+            return autoregressive_generate(model, tokenizer, **_token_noise(kw))
         spec = prepare_speculative(
             model, tokenizer, kw["prompt_ids"], drafter=drafter, max_draft=max_draft, references=references,
             draft_budget=draft_budget, max_new_tokens=kw["max_new_tokens"], layout=method,
             max_batch=max_batch, sampling=kw["sampling"],
         )  # fmt: skip
-        return speculative_generate(model, tokenizer, layout=method, **kw, **spec)
+        return speculative_generate(model, tokenizer, layout=method, **_token_noise(kw), **spec)

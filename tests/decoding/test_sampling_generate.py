@@ -265,6 +265,21 @@ def test_sampling_is_seeded(tiny64):
     assert a.tokens == b.tokens and a.tokens != c.tokens
 
 
+def test_a_generator_seed_is_drawn_from_only_by_a_sampling_call_that_runs(tiny64):
+    # It was drawn from by greedy calls (which ignore the seed) and by calls refused for another
+    # argument: the corrected call then sampled other tokens than a first call would have.
+    model, tok = tiny64
+    kw = dict(max_new_tokens=6, temperature=1.3)
+    first = generate(model, tok, ["the"], seed=np.random.default_rng(0), **kw).tokens
+    rng = np.random.default_rng(0)
+    generate(model, tok, ["the"], seed=rng, max_new_tokens=3)  # greedy
+    for bad in (dict(method="beam"), dict(drafter="bogus"), dict(max_draft=0)):
+        with pytest.raises(ValueError):
+            generate(model, tok, ["the"], seed=rng, **kw, **bad)
+    assert generate(model, tok, ["the"], seed=rng, **kw).tokens == first
+    assert generate(model, tok, ["the"], seed=rng, **kw).tokens != first  # a sampling call draws
+
+
 def test_stop_strings_and_eos(tiny64):
     model, tok = tiny64
     free = generate(model, tok, "the", max_new_tokens=20)

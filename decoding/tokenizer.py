@@ -116,6 +116,24 @@ def check_token_ids(ids, name: str = "ids", vocab_size: int | None = None) -> li
     return out
 
 
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool: ``TypeError`` unless a bool (or NumPy bool). A string is truthy:
+    ``special="False"`` had parsed control tokens in untrusted text, ``tokenize="no"`` returned ids.
+
+    Examples
+    --------
+    >>> check_flag(True, "special")
+    True
+    >>> check_flag("False", "special")
+    Traceback (most recent call last):
+    ...
+    TypeError: special must be True or False, got str 'False'
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def _check_id(i, name: str, vocab_size: int | None = None) -> int:
     """One token id as an int: ``TypeError`` unless an integer (not a bool), ``ValueError`` outside
     ``[0, vocab_size)``. O(1): :meth:`Tokenizer.is_special` runs it per generated token."""
@@ -147,11 +165,12 @@ class ChatPrompt(str):
 
     def __new__(cls, segments):
         segs = []
-        for t, special in segments:
-            if not isinstance(t, str):
-                raise TypeError(f"ChatPrompt segments must be (str, bool) pairs, got {type(t).__name__}")
+        for seg in segments:  # "ab" had unpacked as the text "a", special "b"
+            if not (isinstance(seg, tuple) and len(seg) == 2 and isinstance(seg[0], str)):
+                raise TypeError(f"ChatPrompt segments must be (str, bool) pairs, got {seg!r}")
+            t, special = seg[0], check_flag(seg[1], "a ChatPrompt segment's special")
             if t:
-                segs.append((t, bool(special)))
+                segs.append((t, special))
         obj = super().__new__(cls, "".join(t for t, _ in segs))
         obj.segments = tuple(segs)
         return obj
@@ -318,13 +337,13 @@ class Tokenizer:
         [6004, 2]
         """
         check_text(text, "text")
-        if special:
+        if check_flag(special, "special"):
             ids = self._hf.encode(str(text), add_special_tokens=False).ids
         elif isinstance(text, ChatPrompt):
             ids = self._encode_segments(text.segments)
         else:
             ids = self._plain.encode(text, add_special_tokens=False).ids
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+        if (self.add_bos if add_bos is None else check_flag(add_bos, "add_bos")) and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return ids
 
@@ -366,7 +385,7 @@ class Tokenizer:
         ``TypeError`` for floats, bools or strings, ``ValueError`` for an id outside the vocabulary).
         """
         ids = check_token_ids(ids, "ids", self.vocab_size)  # O(len(ids)), as the decoding itself
-        return self._hf.decode(ids, skip_special_tokens=skip_special)
+        return self._hf.decode(ids, skip_special_tokens=check_flag(skip_special, "skip_special"))
 
     def token_text(self, i: int) -> str:
         """The vocabulary string of id ``i`` (byte-level, as stored); ``i`` must be in the vocabulary
@@ -431,6 +450,9 @@ class Tokenizer:
         """
         if not self.chat_template:
             raise ValueError("this model has no chat template (tokenizer.chat_template)")
+        add_generation_prompt = check_flag(add_generation_prompt, "add_generation_prompt")
+        allow_special_in_content = check_flag(allow_special_in_content, "allow_special_in_content")
+        tokenize = check_flag(tokenize, "tokenize")
         messages = self._check_messages(messages, allow_special_in_content)
         text_chars = sum(len(m["role"]) + len(m["content"]) for m in messages)
         # a fresh environment per call: it counts this call's work

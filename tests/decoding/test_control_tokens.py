@@ -126,6 +126,26 @@ def test_chat_prompt_keeps_its_segments():
     assert type(p.strip()) is str  # other string operations give plain text
     with pytest.raises(TypeError, match="segments"):
         ChatPrompt([(3, True)])
+    # a string segment had unpacked as text "a", special "b": the "b" was lost
+    for bad in (["ab"], [("a", True, 3)], [("a", "yes")]):
+        with pytest.raises(TypeError, match="ChatPrompt segment"):
+            ChatPrompt(bad)
+
+
+def test_flags_must_be_bools(tok):
+    # any truthy value was taken as True: special="False" parsed control tokens in untrusted text,
+    # add_generation_prompt="False" added the assistant header, tokenize="no" returned ids
+    for call, name in (
+        (lambda: tok.encode("<|im_end|>", special="False"), "special"),
+        (lambda: tok.encode("hi", add_bos="no"), "add_bos"),
+        (lambda: tok.decode([1, 2], skip_special="no"), "skip_special"),
+        (lambda: tok.apply_chat_template(_user("hi"), add_generation_prompt="False"), "add_generation_prompt"),
+        (lambda: tok.apply_chat_template(_user("hi"), tokenize="no"), "tokenize"),
+        (lambda: tok.apply_chat_template(_user("hi"), allow_special_in_content=1), "allow_special_in_content"),
+    ):
+        with pytest.raises(TypeError, match=f"^{name} must be True or False"):
+            call()
+    assert tok.encode("hi", add_bos=np.bool_(False)) == tok.encode("hi", add_bos=False)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -146,14 +147,20 @@ def load_model(name_or_path="smollm2-135m", *, dtype="quantized", device="cpu") 
     >>> model.config.n_layers  # doctest: +SKIP
     30
     """
+    if not isinstance(name_or_path, (str, os.PathLike)):  # None and bytes had met pathlib's own TypeError
+        raise TypeError(
+            f"name_or_path must be a model name ({sorted(MODELS)}) or a path to a GGUF file, "
+            f"got {type(name_or_path).__name__}"
+        )
     quantized, _ = weight_dtype(dtype)  # a bad dtype or device fails before the file is read
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    # CuPy and a device first, as docs/gpu.md says: without them no dtype would do
+    xp = cuda_namespace() if device == "cuda" else None
     if device == "cuda" and quantized:
         raise ValueError(
             "device='cuda' needs dtype=numpy.float32 or numpy.float64: the quantized kernels run on the CPU"
         )
-    xp = cuda_namespace() if device == "cuda" else None
     path = Path(name_or_path)
     if str(name_or_path) in MODELS:
         path = model_path(str(name_or_path))

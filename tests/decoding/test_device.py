@@ -113,11 +113,15 @@ def test_float32_greedy_tokens_up_to_near_ties(tiny_path):
         assert (top2[1] - top2[0]) / np.max(np.abs(lg)) < 1e-4  # a true near-tie, as on the CPU's layouts
 
 
-def test_device_arguments_are_checked(tiny_path, tmp_path):
+def test_device_arguments_are_checked(tiny_path, tmp_path, monkeypatch):
+    import decoding.loading
+
     with pytest.raises(ValueError, match="device must be"):
         load_model(tiny_path[0], dtype=np.float64, device="gpu")
+    monkeypatch.setattr(decoding.loading, "cuda_namespace", lambda: xps)  # as if CuPy and a device were there
     with pytest.raises(ValueError, match="quantized"):
         load_model(tiny_path[0], device="cuda")
+    monkeypatch.undo()
     path = tmp_path / "tiny_q.gguf"
     write_tiny_llama(path, tensor_type=gguf.GGMLQuantizationType.Q8_0, d=64, n_heads=4, n_kv_heads=2, d_ff=96)
     quantized, _ = load_model(path)
@@ -131,6 +135,8 @@ def test_cuda_without_cupy_says_to_install_the_gpu_extra(tiny_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "cupy", None)  # as if CuPy were not installed
     with pytest.raises(ImportError, match=r"rsketch\[gpu\]"):
         load_model(tiny_path[0], dtype=np.float64, device="cuda")
+    with pytest.raises(ImportError, match=r"rsketch\[gpu\]"):  # before the dtype (docs/gpu.md)
+        load_model(tiny_path[0], device="cuda")
 
 
 @pytest.mark.gpu

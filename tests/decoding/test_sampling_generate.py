@@ -344,6 +344,9 @@ def test_load_model_errors(monkeypatch, tmp_path):
         api.load_model("no-such-model")
     with pytest.raises(ValueError, match="dtype"):
         api.load_model(tmp_path, dtype=np.int32)
+    for bad in (None, 5, b"smollm2-135m"):  # pathlib's TypeError had not named the argument
+        with pytest.raises(TypeError, match="^name_or_path must be a model name"):
+            api.load_model(bad)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 5, 12, 4096])

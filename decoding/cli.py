@@ -34,7 +34,16 @@ def _generate(args) -> int:
     elif args.special:
         prompt = tok.encode(prompt, special=True)
     batch = args.batch
-    _check_batch_memory(model, tok, prompt, batch, args)
+    n = len(prompt) if isinstance(prompt, list) else len(tok.encode(prompt))
+    if n + args.max_new_tokens > model.config.context_length:  # before the memory it would take
+        raise ValueError(
+            f"--max-new-tokens {args.max_new_tokens}: with the prompt's {n} tokens that exceeds the "
+            f"model's context of {model.config.context_length} tokens"
+        )
+    _check_batch_memory(model, n, batch, args)
+    # The first call loads the compiled kernels (a second or two): not the prompt's prefill, which
+    # the speed line below reports (it read 0.6 tok/s for 740).
+    generate(model, tok, [prompt], max_new_tokens=1)
 
     def stream(i, text):
         if i == 0:
@@ -70,12 +79,11 @@ def _generate(args) -> int:
     return 0
 
 
-def _check_batch_memory(model, tok, prompt, batch, args) -> None:
+def _check_batch_memory(model, n, batch, args) -> None:
     """``MemoryError`` before ``--batch`` copies of the prompt are made and tokenized: ``--batch
     2000000`` took 11 s and 684 MB to reach generate's own check, ``100000000`` was silent a minute on.
     The cache of the sequences decoded at once and the batch's token ids, from one prompt's length
-    (generate checks the rest)."""
-    n = len(prompt) if isinstance(prompt, list) else len(tok.encode(prompt))
+    ``n`` (generate checks the rest)."""
     slots = batch if args.max_batch is None else min(batch, max(args.max_batch, 1))
     parts = loop_memory(
         model, [n], slots=slots, capacity=n + max(args.max_new_tokens, 0), step_tokens=slots, sampled=False
@@ -84,8 +92,8 @@ def _check_batch_memory(model, tok, prompt, batch, args) -> None:
 
 
 def _speculative_kwargs(args, batch) -> dict:
-    if args.method == "autoregressive":
-        return {}
+    """Whatever ``--method``: generate checks the speculative arguments with every method, and a
+    ``--reference`` that cannot be read is an error with autoregressive decoding too."""
     kw = {"method": args.method, "drafter": args.drafter, "max_draft": args.max_draft}
     if args.reference is not None:
         try:
@@ -185,10 +193,14 @@ def main(argv=None) -> int:
     d.add_argument("--max-new-tokens", type=int, default=48)
     d.add_argument("--model", default="smollm2-135m")
     args = parser.parse_args(argv)
+    # before the model loads, each with its subcommand's usage and the flag's name
+    command = g if args.command == "generate" else d
+    if args.max_new_tokens < 1:
+        command.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.command == "generate" and args.batch < 1:
-        parser.error("--batch must be >= 1")
+        command.error(f"--batch must be >= 1, got {args.batch}")
     if args.command == "generate" and args.max_draft < 1:  # whatever --method
-        parser.error(f"--max-draft must be >= 1, got {args.max_draft}")
+        command.error(f"--max-draft must be >= 1, got {args.max_draft}")
     try:
         return _generate(args) if args.command == "generate" else _demo(args)
     except (ValueError, TypeError, MemoryError, ModuleNotFoundError, FileNotFoundError, OSError) as e:

@@ -240,6 +240,41 @@ def test_cli_max_draft_zero(tiny_path, capsys, monkeypatch, method):
     assert loaded == []  # refused before the model is loaded
 
 
+def test_cli_names_the_flag_at_fault_before_loading_or_allocating(tiny_path, capsys, monkeypatch):
+    # --max-new-tokens past the context was reported as "--batch 1 ... would need 2095.48 TiB"
+    args = ["generate", "the", "--model", str(tiny_path[0]), "--max-new-tokens", str(10**11)]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: --max-new-tokens 100000000000: with the prompt's" in err and "context" in err
+    # a --reference that cannot be read is an error whatever --method (it was never opened)
+    args = ["generate", "the", "--model", str(tiny_path[0]), "--reference", "/no/such/file"]
+    assert cli.main(args) == 2
+    assert "No such file" in capsys.readouterr().err
+    loaded = []
+    monkeypatch.setattr(cli, "load_model", lambda name: loaded.append(name))
+    for argv in (["demo", "--max-new-tokens", "0"], ["generate", "x", "--max-new-tokens", "-5"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"usage: python -m decoding {argv[0]}" in err and "--max-new-tokens must be >= 1" in err
+    assert loaded == []
+
+
+def test_cli_speed_line_follows_a_warm_up_call(tiny_path, capsys, monkeypatch):
+    # the first call loads the compiled kernels: its prefill had been reported (0.6 tok/s for 740)
+    calls = []
+
+    def spy(*args, **kw):
+        calls.append(kw["max_new_tokens"])
+        return generate(*args, **kw)
+
+    monkeypatch.setattr(cli, "generate", spy)
+    assert cli.main(["generate", "the", "--model", str(tiny_path[0]), "--max-new-tokens", "3"]) == 0
+    assert calls == [1, 3]
+    capsys.readouterr()
+
+
 def test_cli_bad_seed(tiny_path, capsys):
     args = ["generate", "the", "--model", str(tiny_path[0]), "--temperature", "1", "--seed", "-1"]
     assert cli.main(args) == 2

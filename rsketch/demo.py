@@ -7,6 +7,7 @@ residual of sketch-and-solve relative to ``numpy.linalg.lstsq``'s.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -49,7 +50,10 @@ def operator_table(n: int = 200_000, p: int = 50, r: int = 2_000, seed: int = 0)
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    """``python -m rsketch.demo``; it takes no options (``--help`` says so, anything else is refused
+    before the demo runs: ``--bogus-flag`` had run the whole demo)."""
+    argparse.ArgumentParser(prog="python -m rsketch.demo", description=__doc__).parse_args(argv)
     # Compile the kernels on a small problem first, so the timings show steady-state speed.
     operator_table(n=5_000, p=5, r=200)
     print(operator_table(), flush=True)

@@ -132,9 +132,10 @@ class LstsqResult:
     def __repr__(self) -> str:
         rn = self.residual_norm
         rn = f"{rn:.6g}" if np.ndim(rn) == 0 else np.array2string(np.asarray(rn), precision=6)
+        sketch = "None" if self.sketch is None else f"{type(self.sketch).__name__}(r={self.sketch_size})"
         return (
             f"LstsqResult(method={self.method!r}, coef shape={np.shape(self.coef)}, residual_norm={rn}, "
             f"iterations={self.iterations}, converged={self.converged}, rank={self.rank}, "
-            f"sketch={type(self.sketch).__name__}(r={self.sketch_size}), "
+            f"sketch={sketch}, "
             f"time={self.log.total:.3g}s)"
         )

@@ -420,3 +420,16 @@ def test_sparse_sign_reference_columns_of_many_nonzeros_fit_their_check():
     tracemalloc.stop()
     assert np.array_equal(cols, S.columns(0, 40))
     assert peak <= 3 * 16 * 2_000 * 40  # the check's 16 r m, with room for the pattern's words
+
+
+def test_the_demo_refuses_options_before_it_runs(monkeypatch, capsys):
+    # python -m rsketch.demo --bogus-flag (or --help) had run the whole demo, about 6 s
+    import rsketch.demo
+
+    ran = []
+    monkeypatch.setattr(rsketch.demo, "operator_table", lambda **kw: ran.append(kw) or "")
+    for argv in (["--bogus-flag"], ["--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            rsketch.demo.main(argv)
+        assert exit_info.value.code == (2 if argv[0] == "--bogus-flag" else 0)
+    assert ran == [] and "usage: python -m rsketch.demo" in capsys.readouterr().out

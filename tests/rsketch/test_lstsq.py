@@ -280,6 +280,7 @@ def test_a_design_no_sketch_can_shrink_is_solved_directly(method):
         for A in (X, sp.csr_matrix(X)):
             res = rsketch.lstsq(A, y, method=method, seed=0)
             assert res.sketch is None and res.log.finish == "direct" and res.converged
+            assert "sketch=None," in repr(res)  # it read "sketch=NoneType(r=2)"
             np.testing.assert_allclose(res.coef, np.linalg.lstsq(X, y, rcond=None)[0], rtol=1e-12, atol=1e-14)
             assert res.rank == np.linalg.matrix_rank(X) and res.sketch_size == X.shape[0]
     # a size or an operator given is the caller's: sketched as asked

@@ -139,9 +139,15 @@ def test_flags_must_be_bools(tok):
         (lambda: tok.encode("<|im_end|>", special="False"), "special"),
         (lambda: tok.encode("hi", add_bos="no"), "add_bos"),
         (lambda: tok.decode([1, 2], skip_special="no"), "skip_special"),
-        (lambda: tok.apply_chat_template(_user("hi"), add_generation_prompt="False"), "add_generation_prompt"),
+        (
+            lambda: tok.apply_chat_template(_user("hi"), add_generation_prompt="False"),
+            "add_generation_prompt",
+        ),
         (lambda: tok.apply_chat_template(_user("hi"), tokenize="no"), "tokenize"),
-        (lambda: tok.apply_chat_template(_user("hi"), allow_special_in_content=1), "allow_special_in_content"),
+        (
+            lambda: tok.apply_chat_template(_user("hi"), allow_special_in_content=1),
+            "allow_special_in_content",
+        ),
     ):
         with pytest.raises(TypeError, match=f"^{name} must be True or False"):
             call()

@@ -124,7 +124,9 @@ def test_adaptive_range_finder_warns_when_it_stops_at_rank_above_tol():
     # refused svd(tol=..., passes=4).
     A = np.random.default_rng(0).standard_normal((300, 200)) / np.sqrt(np.arange(1, 201))
     for call in (lambda: svd(A, 20, tol=1e-6, seed=0), lambda: range_finder(A, 20, tol=1e-6, seed=0)):
-        with pytest.warns(rsketch.ConvergenceWarning, match=r"stopped at rank=20 columns: raise rank \(error estimate 2"):
+        with pytest.warns(
+            rsketch.ConvergenceWarning, match=r"stopped at rank=20 columns: raise rank \(error estimate 2"
+        ):
             res = call()
         assert res.error_estimate > 100
     with pytest.warns(rsketch.ConvergenceWarning):
@@ -238,13 +240,18 @@ def test_methods_for_symmetric_matrices_check_an_operator_through_its_projection
     # rounding. An upper-triangular operator of ones (every eigenvalue 1) had given eigenvalues
     # [96.1, 0.5, 0.5] from eigh and [388, 112, 57] from nystrom, with no error.
     T = np.triu(np.ones((200, 200)))
-    for call in (lambda: eigh(aslinearoperator(T), 3, seed=0), lambda: nystrom(aslinearoperator(T), 3, seed=0)):
+    for call in (
+        lambda: eigh(aslinearoperator(T), 3, seed=0),
+        lambda: nystrom(aslinearoperator(T), 3, seed=0),
+    ):
         with pytest.raises(ValueError, match=r"A must be symmetric: its projection V.T A V .* = 1\.[0-9]"):
             call()
     # A symmetric operator whose products round differently from A's (X.T (X v)) passes.
     X = np.random.default_rng(1).standard_normal((300, 120))
     op = LinearOperator((120, 120), matvec=lambda v: X.T @ (X @ v), dtype=np.float64)
-    np.testing.assert_allclose(eigh(op, 3, seed=0).eigenvalues, eigh(X.T @ X, 3, seed=0).eigenvalues, rtol=1e-10)
+    np.testing.assert_allclose(
+        eigh(op, 3, seed=0).eigenvalues, eigh(X.T @ X, 3, seed=0).eigenvalues, rtol=1e-10
+    )
     assert nystrom(op, 3, seed=0).eigenvalues.size == 13
 
 
@@ -285,12 +292,16 @@ def test_nystrom_refuses_a_matrix_that_is_not_psd_with_the_eigenvalue():
     # out, the kernel in float32, which every seed accepts.
     X = np.random.default_rng(0).standard_normal((300, 3)).astype(np.float32)
     K = np.exp(-0.01 * ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))  # float32
-    with pytest.raises(ValueError, match=r"beyond float64 rounding .* another seed may miss .* pass it in it"):
+    with pytest.raises(
+        ValueError, match=r"beyond float64 rounding .* another seed may miss .* pass it in it"
+    ):
         nystrom(K.astype(np.float64), 20, seed=0)
     for seed in range(5):
         assert nystrom(K, 20, seed=seed).eigenvalues.dtype == np.float32
     with pytest.raises(ValueError, match=r"beyond float32 rounding"):
-        rsketch.nystrom_pcg(np.diag(np.float32([3, 2, -1, 0.5])), np.ones(4, np.float32), 1e-3, rank=3, seed=0)
+        rsketch.nystrom_pcg(
+            np.diag(np.float32([3, 2, -1, 0.5])), np.ones(4, np.float32), 1e-3, rank=3, seed=0
+        )
 
 
 # --------------------------------------------------------------------------------------------- CQRRPT

@@ -223,9 +223,8 @@ def nystrom_pcg(
         check_test_matrix_kind(sketch)
     max_rank = min(check_int(max_rank, "max_rank", minimum=1), n)
     initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
-    oversample = check_int(
-        oversample, "oversample", minimum=0
-    )  # checked if unused: an option is valid or not
+    # checked with the adaptive rank too, which does not use it: an option is valid or not
+    oversample = check_int(oversample, "oversample", minimum=0)
     check_seed(seed)
     seeds = seed_sequence(seed)
     matvecs = 0

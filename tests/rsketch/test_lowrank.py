@@ -10,11 +10,14 @@ The tests average over 40 fixed seeds and allow a 10% margin for the sample mean
 deviation is a few percent of the mean at these sizes: HMT 10.3 gives sub-Gaussian tails).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.linalg
 import scipy.linalg.interpolative as sli
 import scipy.sparse as sp
+import scipy.sparse.linalg
 from scipy.sparse.linalg import LinearOperator, aslinearoperator
 from sklearn.utils.extmath import randomized_svd
 
@@ -134,6 +137,15 @@ def test_adaptive_range_finder_warns_when_it_stops_at_rank_above_tol():
     assert even.s.size == 10
     with pytest.raises(ValueError, match="odd number of passes"):
         svd(A, 10, passes=4)
+    # No warning where no larger basis would help (a review's find: "raise rank" where rank was
+    # already min(m, n), or with the exact rank and an estimate at rounding above a tol the error met)
+    rng = np.random.default_rng(0)
+    B = rng.standard_normal((300, 5)) @ rng.standard_normal((5, 60))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        range_finder(rng.standard_normal((300, 40)), 40, tol=1e-14, seed=0)
+        res = range_finder(B, 5, tol=1e-12, block_size=5, seed=0)
+    assert np.linalg.norm(B - res.Q @ (res.Q.T @ B), 2) <= 1e-12
 
 
 def test_block_krylov_beats_subspace_iteration_at_equal_passes_on_a_slow_decay():
@@ -246,6 +258,22 @@ def test_methods_for_symmetric_matrices_check_an_operator_through_its_projection
     ):
         with pytest.raises(ValueError, match=r"A must be symmetric: its projection V.T A V .* = 1\.[0-9]"):
             call()
+    # Operators symmetric to their own accuracy only are taken as their symmetric part: a
+    # shift-invert matvec by CG at rtol=1e-6 (1.5e-7 from symmetric) and a float64 operator that
+    # computes in float32 (3.7e-7) were refused by a bound of sqrt(u) (a review's find).
+    L = sp.diags([-1, 2.05, -1], [-1, 0, 1], shape=(400, 400), format="csr")
+    inv = np.linalg.inv(L.toarray())
+    solve = lambda v: scipy.sparse.linalg.cg(L, v, rtol=1e-6)[0]  # noqa: E731
+    shift_invert = LinearOperator(
+        (400, 400), matvec=solve, matmat=lambda V: np.column_stack([solve(c) for c in V.T]), dtype=float
+    )
+    exact = np.linalg.eigvalsh(inv)[::-1][:3]
+    # accepted; the values as good as a rank-3 sketch of this clustered spectrum gives (19.98, 19.90, 19.78)
+    np.testing.assert_allclose(eigh(shift_invert, 3, passes=7, seed=0).eigenvalues, exact, rtol=1e-2)
+    X32 = np.random.default_rng(2).standard_normal((3000, 200)).astype(np.float32)
+    in32 = lambda v: X32.T @ (X32 @ v.astype(np.float32))  # noqa: E731
+    in_float32 = LinearOperator((200, 200), matvec=in32, dtype=float)
+    assert nystrom(in_float32, 5, seed=0).eigenvalues.dtype == np.float64
     # A symmetric operator whose products round differently from A's (X.T (X v)) passes.
     X = np.random.default_rng(1).standard_normal((300, 120))
     op = LinearOperator((120, 120), matvec=lambda v: X.T @ (X @ v), dtype=np.float64)

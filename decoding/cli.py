@@ -9,9 +9,12 @@ import sys
 import textwrap
 import time
 
+from rsketch._validation import check_seed  # the one seed check of both packages
+
 from .api import METHODS, generate
 from .drafters import DRAFTERS
 from .loading import load_model
+from .sampling import SamplingParams
 from .scheduling import check_memory, loop_memory
 from .tokenizer import check_text
 
@@ -41,6 +44,10 @@ def _generate(args) -> int:
             f"model's context of {model.config.context_length} tokens"
         )
     _check_batch_memory(model, n, batch, args)
+    # checked before the warm-up call below, which would cost a bad value a prefill
+    SamplingParams(args.temperature, args.top_k, args.top_p)
+    check_seed(args.seed)
+    speculative = _speculative_kwargs(args, batch)  # reads --reference
     # The first call loads the compiled kernels (a second or two): not the prompt's prefill, which
     # the speed line below reports (it read 0.6 tok/s for 740).
     generate(model, tok, [prompt], max_new_tokens=1)
@@ -61,7 +68,7 @@ def _generate(args) -> int:
         seed=args.seed,
         stream=stream,
         max_batch=args.max_batch,
-        **_speculative_kwargs(args, batch),
+        **speculative,
     )
     print()
     for i in range(1, batch):

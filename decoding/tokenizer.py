@@ -165,8 +165,8 @@ class ChatPrompt(str):
 
     def __new__(cls, segments):
         segs = []
-        for seg in segments:  # "ab" had unpacked as the text "a", special "b"
-            if not (isinstance(seg, tuple) and len(seg) == 2 and isinstance(seg[0], str)):
+        for seg in segments:  # "ab" had unpacked as the text "a", special "b"; JSON gives lists
+            if not (isinstance(seg, (tuple, list)) and len(seg) == 2 and isinstance(seg[0], str)):
                 raise TypeError(f"ChatPrompt segments must be (str, bool) pairs, got {seg!r}")
             t, special = seg[0], check_flag(seg[1], "a ChatPrompt segment's special")
             if t:

@@ -106,7 +106,10 @@ class EfficiencyResult:
         Medians over all draws, rank-deficient ones counted as ``+inf`` (``+inf`` when half or more are).
     pe_ci, re_ci, wc_ci : tuple of float
         95 % bias-corrected and accelerated (BCa) bootstrap intervals for each mean, valid for the
-        right-skewed distributions these ratios have; ``(inf, inf)`` where the mean is ``+inf``.
+        right-skewed distributions these ratios have; ``(inf, inf)`` where the mean is ``+inf``. For
+        a Gaussian sketch with ``r = p + 2`` or ``p + 3`` the mean is finite but the variance is not
+        (the inverse Wishart's second moment needs ``r > p + 3``): the interval is not reliable
+        there (at ``p = 3``, ``r = 5``: ``[123, 209]`` around a true 198).
     seed : object
         The seed the draws were spawned from.
 

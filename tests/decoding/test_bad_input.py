@@ -273,6 +273,11 @@ def test_cli_speed_line_follows_a_warm_up_call(tiny_path, capsys, monkeypatch):
     assert cli.main(["generate", "the", "--model", str(tiny_path[0]), "--max-new-tokens", "3"]) == 0
     assert calls == [1, 3]
     capsys.readouterr()
+    # a bad sampling value or seed is refused before the warm-up (which would cost it a prefill)
+    for bad in (["--temperature", "-1"], ["--top-p", "2"], ["--temperature", "1", "--seed", "-1"]):
+        calls.clear()
+        assert cli.main(["generate", "the", "--model", str(tiny_path[0]), *bad]) == 2
+        assert calls == [] and "error:" in capsys.readouterr().err
 
 
 def test_cli_bad_seed(tiny_path, capsys):

@@ -126,6 +126,8 @@ def test_chat_prompt_keeps_its_segments():
     assert type(p.strip()) is str  # other string operations give plain text
     with pytest.raises(TypeError, match="segments"):
         ChatPrompt([(3, True)])
+    # segments through JSON come back as lists: still pairs
+    assert ChatPrompt([list(seg) for seg in p.segments]).segments == p.segments
     # a string segment had unpacked as text "a", special "b": the "b" was lost
     for bad in (["ab"], [("a", True, 3)], [("a", "yes")]):
         with pytest.raises(TypeError, match="ChatPrompt segment"):

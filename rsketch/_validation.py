@@ -77,11 +77,42 @@ def _float_dtype_for(dtype: np.dtype, name: str) -> np.dtype:
     raise TypeError(f"{name} must be a numeric (real) array; got dtype {dtype}")
 
 
+#: Entries per block of :func:`_all_finite`'s exact check (its boolean mask: 1 MB).
+FINITE_BLOCK = 1 << 20
+
+
+def _all_finite(data: np.ndarray) -> bool:
+    """Whether ``data`` holds no NaN or infinity, with no array of ``data``'s size allocated.
+
+    A finite sum proves it (NaN and infinity reach any sum that adds them); a sum that is not
+    finite (those, or finite values whose sum overflows) is settled exactly, a block of rows at a
+    time. ``np.isfinite(data).all()`` had allocated a boolean mask of ``data``'s size: ``n k``
+    bytes for the sampling sketches, whose own memory is ``O(r)``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(data.sum()):
+            return True
+    if data.ndim == 0:
+        return bool(np.isfinite(data))
+    rows = max(1, FINITE_BLOCK // max(1, data[:1].size))
+    return all(bool(np.isfinite(data[a : a + rows]).all()) for a in range(0, data.shape[0], rows))
+
+
 def check_finite(A, name: str = "A") -> None:
-    """Raise ``ValueError`` if a dense or sparse array holds NaN or infinity."""
+    """Raise ``ValueError`` if a dense or sparse array holds NaN or infinity (in memory: no array
+    of ``A``'s size allocated, :func:`_all_finite`).
+
+    Examples
+    --------
+    >>> check_finite(np.ones((3, 2)))
+    >>> check_finite(np.array([1.0, np.nan]), "y")
+    Traceback (most recent call last):
+    ...
+    ValueError: y contains NaN or infinite values
+    """
     data = A.data if sp.issparse(A) else A
     if isinstance(data, np.ndarray):
-        ok = bool(np.isfinite(data).all())
+        ok = _all_finite(data)
     else:
         from rsketch._backend import array_namespace
 

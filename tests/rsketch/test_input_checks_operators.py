@@ -433,3 +433,31 @@ def test_the_demo_refuses_options_before_it_runs(monkeypatch, capsys):
             rsketch.demo.main(argv)
         assert exit_info.value.code == (2 if argv[0] == "--bogus-flag" else 0)
     assert ran == [] and "usage: python -m rsketch.demo" in capsys.readouterr().out
+
+
+def test_the_finiteness_check_allocates_nothing_of_the_data_s_size():
+    # np.isfinite(A).all() had allocated an n x k boolean mask: n k bytes for the sampling sketches,
+    # whose own memory is O(r); a finite sum proves A finite, else blocks of rows settle it
+    import tracemalloc
+
+    from rsketch._validation import check_finite
+
+    A = np.random.default_rng(0).standard_normal((400_000, 8))
+    S = rsketch.make_sketch("uniform", A.shape[0], 50, seed=0)
+    S @ np.ones((A.shape[0], 1))  # once before: the first product draws the indices, loads its kernels
+    tracemalloc.start()
+    check_finite(A)
+    S @ A
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < A.size // 8  # the mask alone was A.size bytes
+    for bad in (np.nan, np.inf, -np.inf):
+        B = A.copy()
+        B[399_999, 7] = bad
+        for view in (B, np.asfortranarray(B), B[::-1], B[1::2, 1::2]):  # each holds B[399_999, 7]
+            with pytest.raises(ValueError, match="A contains NaN or infinite values"):
+                check_finite(view)
+    check_finite(np.full((1000, 3), 1e308))  # finite, though its sum overflows
+    check_finite(np.float32([3e38, 3e38]))
+    with pytest.raises(ValueError, match="NaN"):
+        S @ np.where(A > 3, np.nan, A)

@@ -133,7 +133,7 @@ class _Best:
         )
 
 
-def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
+def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None, settle=None):
     """Run IHS on validated ``X`` (float64, dense or CSR) and ``Y`` (``(n, k)``, C-contiguous).
 
     Parameters
@@ -146,6 +146,10 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
         Stop when, for every column, both ``||M_t.T g|| / ||y||`` and ``||M_t M_t.T g|| / ||coef||``
         are below ``tol`` (``g`` the gradient, ``M_t`` the current sketch's preconditioner) and the
         relative backward error estimate is at most ``backward_tol``.
+    settle : callable, optional
+        ``settle(X, factor)``: the first sketch's factor is handed to it, which returns False or the
+        direct solve's ``(coef, rank, residual norms, iterations, converged)`` where the sketch cannot
+        settle ``X``'s rank (:func:`rsketch.linalg._lstsq.settle_directly`).
     max_iter : int
     log : SolverLog
     backward_tol : float, optional
@@ -162,6 +166,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
         last one's is clearly larger (:data:`CLEARLY_WORSE`).
     """
     design = design_for(X)
+    x_norms = lambda V: column_norms(design.matmul(V))  # noqa: E731
     # Dask: log.passes (the passes lstsq made, or None in memory) grows by each iteration's two
     counted = hasattr(design, "passes")
     passes_before = log.passes or 0
@@ -185,7 +190,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
         if counted:  # the gradients' passes (the design counts them) and t + 1 sketches
             log.passes = passes_before + design.passes + t + 1
         t2 = time.perf_counter()
-        factor = sketched_factor(SX)
+        factor = sketched_factor(SX, None, x_norms, X.shape[0])  # the rank confirmed by X's products
         M, s_values, rank = factor.M, factor.s, factor.rank
         t3 = time.perf_counter()
         log.sketch += t2 - t1
@@ -193,6 +198,10 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None):
         log.iterate += t1 - t0
         if rank0 is None:
             rank0 = rank
+            settled = settle(X, factor) if settle is not None else False
+            if settled:
+                coef, rank, rnorm, iterations, converged = settled
+                return coef, iterations, converged, rnorm, rank, None
         s = M.T @ g
         gnorm, snorm = _measures(M, s, coef, scale)
         measures = np.maximum(gnorm, snorm)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 
 import numpy as np
 import scipy.linalg
@@ -13,6 +14,7 @@ from rsketch._backend import is_non_numpy_array, like, to_host
 from rsketch._validation import (
     LSTSQ_INNER_SOLVERS,
     LSTSQ_METHODS,
+    available_memory,
     check_allocation,
     check_finite,
     check_int,
@@ -34,11 +36,12 @@ from rsketch.linalg._precondition import (
     GRAM_MAX_P,
     choose_inner,
     default_max_iter,
+    near_singular,
     refine,
     sketched_factor,
     warn_not_converged,
 )
-from rsketch.linalg._results import LstsqResult, SolverLog
+from rsketch.linalg._results import ConvergenceWarning, LstsqResult, SolverLog
 from rsketch.linalg._scaling import scale_columns, scale_design, sketch_design, unscale
 
 # precondition: the stable level, a backward error of 10 u relative to ||X||_F (u = eps / 2).
@@ -143,7 +146,8 @@ def lstsq(
     -----
     ConvergenceWarning
         When an iterative method stops before meeting ``tol`` (for ``"precondition"`` the message gives
-        the backward-error estimate); then ``converged=False``.
+        the backward-error estimate), and for ``"sketch_and_solve"`` when the sketch maps a direction of
+        ``range(X)`` to zero; then ``converged=False``.
 
     Notes
     -----
@@ -227,6 +231,7 @@ def lstsq(
             max_iter=100 if max_iter is None else max_iter,
             log=log,
             backward_tol=None if tol_given is None else tol,
+            settle=lambda X, factor: settle_directly(X, factor) and _direct_solve(X, Y, log),
         )
         if not converged:
             value, target, what = shortfall
@@ -272,15 +277,29 @@ def _sketched_solve(X, Y, S, method, *, p, r, tol, max_iter, inner_solver, log):
         design = design_for(X)
     SY = S @ Y
     t1 = time.perf_counter()
-    factor = sketched_factor(SX, SY)
+    # the rank confirmed by X's own products where S X's rounding could hide a zero (one product)
+    x_norms = lambda V: column_norms(design.matmul(V))  # noqa: E731
+    factor = sketched_factor(SX, SY, x_norms, X.shape[0])
     rank = factor.rank
+    if settle_directly(X, factor):
+        log.sketch = time.perf_counter() - t0
+        return (*_direct_solve(X, Y, log), x_shift)
     t2 = time.perf_counter()
     coef = factor.presolve
     t3 = time.perf_counter()
     log.sketch, log.factor, log.presolve = t1 - t0, t2 - t1, t3 - t2
     if method == "sketch_and_solve":
-        iterations, converged = 0, True
+        # a sketch that maps a direction of range(X) to zero solves another problem: a 2 x 1 column
+        # of ones with sketch_size=2 gave coef 0 (rank 0, residual 1.41 for 0) and converged=True
+        iterations, converged = 0, not factor.missed
         rnorm = _residual_norms(design, Y, coef)
+        if factor.missed:
+            warnings.warn(
+                f"sketch_and_solve: the sketch (sketch_size={r}) maps a direction of range(X) to zero, so "
+                "its solution is not X's (converged=False); use a larger sketch_size or another sketch",
+                ConvergenceWarning,
+                stacklevel=3,
+            )
     else:
         log.finish = "refine"
         if max_iter is None:
@@ -340,6 +359,26 @@ def _direct_solve(X, Y, log):
         coef = scipy.linalg.solve_triangular(R, Q.T @ Y, check_finite=False)
     log.factor, log.finish = time.perf_counter() - t0, "direct"
     return coef, int(rank), column_norms(Y - Xd @ coef), 0, True
+
+
+#: A sketch that cannot settle ``X``'s rank (:func:`~rsketch.linalg._precondition.near_singular`)
+#: hands an in-memory dense ``X`` of at most this many columns to the direct solve: its ``O(n p^2)``
+#: is then below the refinement's, which runs to ``max_iter`` on such an ``X``.
+NEAR_SINGULAR_DIRECT_P = 500
+
+
+def settle_directly(X, factor) -> bool:
+    """Whether ``X`` goes to :func:`_direct_solve` because its sketch cannot settle its rank: a rank-1
+    ``X`` of 400,000 rows (``sigma_2 = 2.5 u sigma_1``) had coefficients ``1e13`` to ``1e17`` times the
+    minimum-norm ones and ``converged=True`` from ``"precondition"`` and ``"ihs"`` (found by probing,
+    2026-12-06). In memory and dense only, with room for the direct solve's two copies of ``X``;
+    elsewhere the sketch's rank stands (``docs/solvers.md``)."""
+    if not isinstance(X, np.ndarray) or X.shape[1] > NEAR_SINGULAR_DIRECT_P:
+        return False
+    if not near_singular(factor, X.shape[0]):
+        return False
+    room = available_memory()
+    return room is None or 24 * X.size <= room
 
 
 def _residual_norms(design, Y, coef):

@@ -44,6 +44,16 @@ _EPS = np.finfo(np.float64).eps
 _U = _EPS / 2
 # Singular values of S X at most RANK_CUTOFF * u * s_1 count as zero (see sketched_factor).
 RANK_CUTOFF = 8.0
+#: Singular values of ``S X`` at most ``SUSPECT sqrt(n) u s_1`` may be the rounding of forming ``S X``:
+#: each entry sums up to ``n`` products, so a zero singular value of ``X`` shows in ``S X`` above the
+#: ``2 u s_1`` that :data:`RANK_CUTOFF` allows for. Measured, for an ``X`` of rank ``p - 1`` (``p = 6``,
+#: 6 seeds, the default sketch sizes), as multiples of ``sqrt(n) u s_1``: Gaussian 0.17 and 0.06 at
+#: ``n = 2,000`` and ``20,000``, sparse sign 0.06 to 0.01 (``n = 2,000`` to ``200,000``), SRHT 0.035 to
+#: 0.004, CountSketch 0.026 to 0.005; a probe's ``8.2 u s_1`` at ``n = 400,000`` (0.013) and IHS's
+#: ``22-30 u s_1`` there (0.047). Twice the largest. Their directions are re-checked against ``X``
+#: itself (:func:`confirmed_rank`), and a kept one sends ``X`` to the direct solve where it can
+#: (:func:`near_singular`).
+SUSPECT = 0.35
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,9 @@ class SketchedFactor:
     presolve : ndarray of shape (p, k) or None
         The sketch-and-solve solution ``argmin ||S X c - S y||`` (minimum norm) for the ``S y``
         given to :func:`sketched_factor`, or None.
+    missed : bool
+        Whether the sketch mapped a direction that ``X`` does not map to (near) zero to (near) zero:
+        ``S`` is no subspace embedding of ``range(X)`` (found by :func:`confirmed_rank`).
 
     Examples
     --------
@@ -77,6 +90,7 @@ class SketchedFactor:
     rank: int
     Vt: np.ndarray
     presolve: np.ndarray | None = None
+    missed: bool = False
 
     @property
     def kappa(self) -> float:
@@ -89,7 +103,63 @@ class SketchedFactor:
         return float(np.sqrt(np.sum(self.s**2)))
 
 
-def sketched_factor(SX, SY=None):
+def confirmed_rank(s, Vt, x_norms, n: int) -> tuple[int, bool]:
+    """The rank of ``X`` from the SVD ``S X = U diag(s) V.T`` and ``X``'s own products; whether the
+    sketch missed a direction of ``range(X)``.
+
+    ``S X`` is formed with sums of up to ``n`` products, whose rounding lifts a zero singular value
+    of ``X`` to up to ``sqrt(n) u s_1`` (:data:`SUSPECT`), above :data:`RANK_CUTOFF` ``u s_1``: a rank-1
+    ``X`` of 400,000 rows kept its second direction (``8.2 u s_1``), and the solvers returned
+    coefficients ``1e17`` times the minimum-norm ones with ``converged=True`` (found by probing,
+    2026-12-06). ``X v`` sums only ``p`` products, so directions ``v`` whose singular value lies
+    below ``SUSPECT sqrt(n) u s_1`` are judged by ``||X v||`` (``x_norms(V)``, one product with ``X``,
+    made only where there is such a direction) against ``max(RANK_CUTOFF, sqrt(p)) u s_1``. A kept
+    direction that fails ends the rank; a dropped one that passes by ten times that bound shows a
+    sketch that is no embedding of ``range(X)`` (``missed``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.outer(np.arange(1.0, 5.0), [1.0, 2.0])  # rank 1
+    >>> s, Vt = np.array([5.5, 1e-15]), np.array([[0.447, 0.894], [0.894, -0.447]])
+    >>> confirmed_rank(s, Vt, lambda V: np.linalg.norm(X @ V, axis=0), n=10**6)
+    (1, False)
+    """
+    p = Vt.shape[1]
+    if s.size == 0:
+        return 0, False
+    cutoff = s[0] * RANK_CUTOFF * _U
+    rank = int(np.count_nonzero(s > cutoff)) if s[0] > 0 else 0
+    suspect = np.flatnonzero(s <= s[0] * max(RANK_CUTOFF, SUSPECT * math.sqrt(n)) * _U)
+    if suspect.size == 0:
+        return rank, False
+    first = int(suspect[0])
+    norms = np.asarray(x_norms(Vt[first:].T), dtype=np.float64)
+    bound = s[0] * max(RANK_CUTOFF, math.sqrt(p)) * _U
+    kept = first  # the kept suspects count up to the first that X maps to rounding
+    while kept < rank and norms[kept - first] > bound:
+        kept += 1
+    return kept, bool(np.any(norms[rank - first :] > 10 * bound))
+
+
+def near_singular(factor, n: int) -> bool:
+    """Whether ``S X`` kept a singular value where its own rounding could have put a zero of ``X``
+    (at most :data:`SUSPECT` ``sqrt(n) u s_1``): the sketch cannot settle ``X``'s rank there, and a
+    direction ``X`` maps to rounding would give coefficients of ``1e13`` to ``1e17`` (the solution of
+    another problem). :func:`confirmed_rank`'s products cannot settle it either: the sketch's ``v``
+    is off by up to the same angle, and ``||X v||`` showed ``13-16 u s_1`` for a zero of ``X``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> near_singular(sketched_factor(np.diag([1.0, 1e-15])), n=10**6), near_singular(
+    ...     sketched_factor(np.diag([1.0, 1e-6])), n=10**6)
+    (True, False)
+    """
+    return bool(factor.rank) and bool(factor.s[factor.rank - 1] <= factor.s[0] * SUSPECT * math.sqrt(n) * _U)
+
+
+def sketched_factor(SX, SY=None, x_norms=None, n=None):
     """Preconditioner, singular values and the sketch-and-solve solution from ``S X`` (and ``S y``).
 
     Parameters
@@ -98,6 +168,9 @@ def sketched_factor(SX, SY=None):
         Or an array of another library (CuPy): its QR runs there, the ``p x p`` rest on the host.
     SY : ndarray of shape (r, k), optional
         The sketched right-hand sides, for :attr:`SketchedFactor.presolve` (of ``SX``'s library).
+    x_norms : callable, optional
+        ``V -> ||X V||`` per column, and ``n``, ``X``'s rows: the rank is then confirmed against
+        ``X`` (:func:`confirmed_rank`); without them, the singular values of ``S X`` alone decide.
 
     Returns
     -------
@@ -129,7 +202,7 @@ def sketched_factor(SX, SY=None):
         if SX.shape[0] > SX.shape[1]:
             Q, R = xp.linalg.qr(SX)
             SX, SY = R, None if SY is None else xp.matrix_transpose(Q) @ SY
-        return sketched_factor(to_host(SX), None if SY is None else to_host(SY))
+        return sketched_factor(to_host(SX), None if SY is None else to_host(SY), x_norms, n)
     if SX.shape[0] > SX.shape[1]:
         Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)
         U, s, Vt = scipy.linalg.svd(R, check_finite=False, lapack_driver="gesdd")
@@ -137,13 +210,17 @@ def sketched_factor(SX, SY=None):
     else:  # r <= p: the SVD of the small S X itself
         U, s, Vt = scipy.linalg.svd(SX, full_matrices=False, check_finite=False, lapack_driver="gesdd")
         qty = SY
+    missed = False
     if s.size == 0 or s[0] == 0.0:
         rank = 0
+        missed = x_norms is not None and s.size > 0 and bool(np.any(np.asarray(x_norms(Vt.T)) > 0))
+    elif x_norms is not None:
+        rank, missed = confirmed_rank(s, Vt, x_norms, n)
     else:
         rank = int(np.count_nonzero(s > s[0] * RANK_CUTOFF * _U))
     M = Vt[:rank].T / s[:rank]
     presolve = None if qty is None else M @ (U[:, :rank].T @ qty)
-    return SketchedFactor(M, s, rank, Vt, presolve)
+    return SketchedFactor(M, s, rank, Vt, presolve, missed)
 
 
 def backward_error_estimate(factor, g, rnorm, coef):

@@ -187,3 +187,56 @@ def test_a_direct_solve_too_large_for_memory_is_refused_before_densifying(monkey
         rsketch.SketchedLinearRegression().fit(X, y)
     res = rsketch.lstsq(X, y, sketch_size=4_000, seed=0)  # the hint's way: sketched, in memory
     assert res.converged and np.allclose(res.coef, 1.0)
+
+
+# ------------------------------------------------------------------ rank when S X's rounding hides a zero
+def test_a_numerically_rank_deficient_x_gets_the_minimum_norm_answer_whatever_the_sketch_s_rounding():
+    # S X sums up to n products per entry: a zero singular value of X showed above the rank rule's
+    # 8 u s_1 (8.2 u at n = 400,000; 22-30 u in IHS's sketches), its direction was kept, and
+    # "precondition" and "ihs" returned coefficients 1e13 to 1e17 times the minimum-norm ones, with a
+    # residual up to 26 times the optimum, and converged=True (found by probing, 2026-12-06).
+    rng = np.random.default_rng(0)
+    n = 400_000
+    X = rng.standard_normal((n, 1)) @ rng.standard_normal((1, 2))  # rank 1: sigma_2 = 2.5 u sigma_1
+    y = X @ rng.standard_normal(2) + 0.1 * rng.standard_normal(n)
+    ref = np.linalg.lstsq(X, y, rcond=None)[0]
+    for method in ("precondition", "ihs"):
+        res = rsketch.lstsq(X, y, seed=1, method=method)
+        assert res.converged and res.rank == 1
+        np.testing.assert_allclose(res.coef, ref, rtol=1e-8)
+    # A column that duplicates another to 1e-13 (sigma_min 9e-17 sigma_1) under a Gaussian sketch,
+    # and a rank-4 X of 20,000 rows under IHS.
+    X = rng.standard_normal((2000, 20))
+    X[:, 7] = X[:, 2] * (1 + 1e-13)
+    y = X @ rng.standard_normal(20) + 1e-2 * rng.standard_normal(2000)
+    ref = np.linalg.lstsq(X, y, rcond=None)[0]
+    for seed in range(3):
+        res = rsketch.lstsq(X, y, sketch="gaussian", seed=seed)
+        assert res.converged and res.rank == 19
+        np.testing.assert_allclose(res.coef, ref, rtol=1e-6)
+    X = rng.standard_normal((20_000, 4)) @ rng.standard_normal((4, 5))
+    y = X @ rng.standard_normal(5) + 0.1 * rng.standard_normal(20_000)
+    ref = np.linalg.lstsq(X, y, rcond=None)[0]
+    for seed in range(3):
+        res = rsketch.lstsq(X, y, method="ihs", seed=seed)
+        assert res.converged and res.rank == 4
+        np.testing.assert_allclose(res.coef, ref, rtol=1e-8)
+
+
+def test_sketch_and_solve_with_a_sketch_that_misses_range_x_has_not_converged():
+    # A given sketch_size is taken as asked; a sketch that maps a direction of range(X) to zero had
+    # given coef 0, rank 0, residual 1.41 for 0, converged=True (a 2 x 1 column of ones, sketch_size 2).
+    with pytest.warns(rsketch.ConvergenceWarning, match="maps a direction of range\\(X\\) to zero"):
+        res = rsketch.lstsq(np.ones((2, 1)), np.ones(2), method="sketch_and_solve", sketch_size=2, seed=0)
+    assert not res.converged and res.rank == 0
+    X = np.random.default_rng(1).standard_normal((20, 20))
+    with pytest.warns(rsketch.ConvergenceWarning):
+        res = rsketch.lstsq(
+            X, np.ones(20), method="sketch_and_solve", sketch="countsketch", sketch_size=20, seed=0
+        )
+    assert not res.converged
+    # a sketch that embeds range(X): converged, no warning
+    X = np.random.default_rng(2).standard_normal((5000, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rsketch.lstsq(X, X @ np.ones(5), method="sketch_and_solve", seed=0).converged

@@ -631,6 +631,13 @@ class SketchedRidge(_SketchedLinearModel):
 
     def _alpha(self) -> float:
         a = self.alpha
+        if isinstance(a, np.ndarray) and a.ndim == 0 and a.dtype.kind in "iuf":  # Ridge takes it
+            a = a.item()
+        if isinstance(a, (np.ndarray, list, tuple)):
+            raise TypeError(
+                "alpha must be one non-negative real number: one alpha per target (as Ridge allows) "
+                "is not supported; fit one SketchedRidge per column of y"
+            )
         if isinstance(a, bool) or not isinstance(a, numbers.Real):
             raise TypeError(f"alpha must be a non-negative real number, got {type(a).__name__}")
         if not (np.isfinite(a) and a >= 0):
@@ -685,6 +692,10 @@ def _centred(X, mean):
     return LinearOperator(
         (n, p), matvec=matmat, rmatvec=rmatmat, matmat=matmat, rmatmat=rmatmat, dtype=X.dtype
     )
+
+
+#: Entries of ``X`` per block of :meth:`SketchedPCA.score_samples` (8 MB of float64).
+SCORE_BLOCK = 1 << 20
 
 
 class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -944,6 +955,158 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         if self.whiten:
             X = X * self._scale()
         return X @ self.components_ + self.mean_
+
+    def _ppca(self):
+        """The probabilistic PCA model of the fit (Tipping & Bishop 1999): ``(xp, W, d, sigma2)``, the
+        components ``W``, ``d = max(explained_variance_ - noise_variance_, 0)`` and ``sigma2 =
+        noise_variance_``, whose covariance is ``W.T diag(d) W + sigma2 I`` (float64 for a NumPy fit,
+        the fit's dtype on a device). It does not depend on ``whiten``, which scales ``transform``'s
+        output only (scikit-learn's ``PCA`` scales ``W`` by ``sqrt(explained_variance_)`` there: its
+        issue #13898)."""
+        check_is_fitted(self)
+        xp = array_api_compat.array_namespace(self.components_)
+        dtype = self.components_.dtype if is_non_numpy_array(self.components_) else xp.float64
+        W = xp.astype(self.components_, dtype)
+        ev = xp.astype(self.explained_variance_, dtype)
+        sigma2 = float(self.noise_variance_)
+        if sigma2 <= 0 and (self.n_components_ < W.shape[1] or not bool(xp.all(ev > 0))):
+            raise ValueError(
+                "the model's covariance is singular (noise_variance_ is 0 with fewer than n_features "
+                "positive variances): its likelihood is not defined; fit fewer n_components"
+            )
+        return xp, W, xp.clip(ev - sigma2, min=0.0), sigma2
+
+    def _identity(self, xp, W):
+        p = W.shape[1]
+        return xp.eye(p, dtype=W.dtype, device=device(W))
+
+    def get_covariance(self):
+        """The data covariance of the probabilistic PCA model: ``W.T diag(d) W + sigma2 I``.
+
+        ``W`` the components, ``d = max(explained_variance_ - noise_variance_, 0)``,
+        ``sigma2 = noise_variance_`` (as scikit-learn's ``PCA`` without ``whiten``).
+
+        Returns
+        -------
+        ndarray of shape (n_features, n_features)
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from rsketch import SketchedPCA
+        >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
+        >>> pca = SketchedPCA(random_state=0).fit(X)  # every component: the sample covariance
+        >>> bool(np.allclose(pca.get_covariance(), np.cov(X.T)))
+        True
+        """
+        xp, W, d, sigma2 = self._ppca()
+        p = W.shape[1]
+        check_allocation(8 * p * p, f"the covariance of {p} features", "use score_samples, which forms none")
+        cov = (W.T * d) @ W + sigma2 * self._identity(xp, W)
+        return xp.astype(cov, self.components_.dtype)
+
+    def get_precision(self):
+        """The inverse of :meth:`get_covariance`, by the matrix inversion lemma (``W`` has
+        orthonormal rows): ``(I - W.T diag(d / (d + sigma2)) W) / sigma2``.
+
+        Returns
+        -------
+        ndarray of shape (n_features, n_features)
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from rsketch import SketchedPCA
+        >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
+        >>> pca = SketchedPCA(n_components=2, random_state=0).fit(X)
+        >>> bool(np.allclose(pca.get_precision() @ pca.get_covariance(), np.eye(4)))
+        True
+        """
+        xp, W, d, sigma2 = self._ppca()
+        p = W.shape[1]
+        check_allocation(8 * p * p, f"the precision of {p} features", "use score_samples, which forms none")
+        if sigma2 > 0:
+            precision = self._identity(xp, W) / sigma2 - (W.T * (d / (sigma2 * (d + sigma2)))) @ W
+        else:  # every component kept, every variance positive: W is orthogonal
+            precision = (W.T / d) @ W
+        return xp.astype(precision, self.components_.dtype)
+
+    def score_samples(self, X):
+        """Log-likelihood of each sample under the probabilistic PCA model (:meth:`get_covariance`).
+
+        Computed from ``X``'s projections and residuals a block of rows at a time: no
+        ``n_features x n_features`` matrix and no dense copy of a sparse ``X``.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from rsketch import SketchedPCA
+        >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
+        >>> pca = SketchedPCA(n_components=2, random_state=0).fit(X)
+        >>> pca.score_samples(X[:3]).shape
+        (3,)
+        """
+        xp, W, d, sigma2 = self._ppca()
+        if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
+            X = self._check_device_input(X, "score_samples", check_features=True)
+        else:
+            X = validate_data(
+                self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False
+            )
+        n, p = X.shape
+        mean = xp.astype(self.mean_, W.dtype)
+        # quad = ||r - W.T W r||^2 / sigma2 + sum_i (w_i . r)^2 / (d_i + sigma2), r = x - mean: the
+        # residual is formed, not ||r||^2 - sum (w_i . r)^2, which cancels where r lies in range(W)
+        parts = []
+        rows = max(1, SCORE_BLOCK // max(1, p))
+        for a in range(0, n, rows):
+            block = X[a : min(a + rows, n), :]
+            R = xp.astype(xp.asarray(block.toarray()) if sp.issparse(block) else block, W.dtype) - mean
+            Z = R @ W.T
+            q = xp.sum(Z * Z / (d + sigma2), axis=1)
+            if sigma2 > 0:
+                E = R - Z @ W
+                q = q + xp.sum(E * E, axis=1) / sigma2
+            parts.append(q)
+        quad = xp.concat(parts) if len(parts) > 1 else parts[0]
+        logdet = (p - W.shape[0]) * math.log(sigma2) if sigma2 > 0 else 0.0
+        logdet += float(xp.sum(xp.log(d + sigma2)))
+        out = -0.5 * (quad + (p * math.log(2 * math.pi) + logdet))
+        return xp.astype(out, X.dtype)
+
+    def score(self, X, y=None):
+        """Mean log-likelihood of the samples (:meth:`score_samples`): what ``GridSearchCV`` and
+        ``cross_val_score`` maximise without a ``scoring``, as for scikit-learn's ``PCA``.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from rsketch import SketchedPCA
+        >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
+        >>> pca = SketchedPCA(n_components=2, random_state=0).fit(X)
+        >>> bool(pca.score(X) == pca.score_samples(X).mean())
+        True
+        """
+        scores = self.score_samples(X)
+        xp = array_api_compat.array_namespace(scores)
+        return float(xp.mean(xp.astype(scores, xp.float64) if not is_non_numpy_array(scores) else scores))
 
     @property
     def _n_features_out(self):

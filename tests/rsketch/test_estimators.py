@@ -171,6 +171,8 @@ def test_pipeline_and_grid_search():
         ({"fit_intercept": "yes"}, TypeError, "fit_intercept must be a bool"),
         ({"alpha": -1.0}, ValueError, "alpha must be"),
         ({"alpha": "big"}, TypeError, "alpha must be"),
+        ({"alpha": np.array([1.0, 10.0])}, TypeError, "one alpha per target .* is not supported"),
+        ({"alpha": [1.0]}, TypeError, "one alpha per target"),
         ({"random_state": "abc"}, TypeError, "random_state must be"),
     ],
 )
@@ -178,6 +180,13 @@ def test_bad_parameters(params, exc, match):
     X, y = _data(n=2000, p=4)
     with pytest.raises(exc, match=match):
         SketchedRidge(**params).fit(X, y)
+
+
+def test_a_zero_dimensional_alpha_is_a_number():
+    # Ridge takes np.array(2.0); it was refused as "got ndarray"
+    X, y = _data(n=2000, p=4)
+    a = SketchedRidge(alpha=np.array(2.0), random_state=0).fit(X, y).coef_
+    np.testing.assert_array_equal(a, SketchedRidge(alpha=2.0, random_state=0).fit(X, y).coef_)
 
 
 def test_bad_sample_weight():

@@ -992,10 +992,12 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
 
         Examples
         --------
+        Every component kept, the model's covariance is the sample covariance:
+
         >>> import numpy as np
         >>> from rsketch import SketchedPCA
         >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
-        >>> pca = SketchedPCA(random_state=0).fit(X)  # every component: the sample covariance
+        >>> pca = SketchedPCA(random_state=0).fit(X)
         >>> bool(np.allclose(pca.get_covariance(), np.cov(X.T)))
         True
         """
@@ -1015,11 +1017,10 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
 
         Examples
         --------
-        >>> import numpy as np
-        >>> from rsketch import SketchedPCA
-        >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
-        >>> pca = SketchedPCA(n_components=2, random_state=0).fit(X)
-        >>> bool(np.allclose(pca.get_precision() @ pca.get_covariance(), np.eye(4)))
+        >>> import numpy as np, rsketch
+        >>> pca = rsketch.SketchedPCA(n_components=3, random_state=0)
+        >>> P = pca.fit(np.random.default_rng(1).standard_normal((300, 5))).get_precision()
+        >>> bool(np.allclose(P @ pca.get_covariance(), np.eye(5)))
         True
         """
         xp, W, d, sigma2 = self._ppca()
@@ -1047,11 +1048,10 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
 
         Examples
         --------
-        >>> import numpy as np
+        >>> from numpy.random import default_rng
         >>> from rsketch import SketchedPCA
-        >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
-        >>> pca = SketchedPCA(n_components=2, random_state=0).fit(X)
-        >>> pca.score_samples(X[:3]).shape
+        >>> X = default_rng(2).standard_normal((200, 3))
+        >>> SketchedPCA(n_components=1, random_state=0).fit(X).score_samples(X[:3]).shape
         (3,)
         """
         xp, W, d, sigma2 = self._ppca()
@@ -1089,7 +1089,9 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         Parameters
         ----------
         X : array-like or sparse matrix of shape (n_samples, n_features)
-        y : ignored
+            The samples to score: held-out data, for model selection.
+        y : None
+            Not used (the scikit-learn API passes it).
 
         Returns
         -------
@@ -1099,10 +1101,10 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         --------
         >>> import numpy as np
         >>> from rsketch import SketchedPCA
-        >>> X = np.random.default_rng(0).standard_normal((500, 4)) * [3.0, 2.0, 1.0, 0.5]
-        >>> pca = SketchedPCA(n_components=2, random_state=0).fit(X)
-        >>> bool(pca.score(X) == pca.score_samples(X).mean())
-        True
+        >>> X = np.random.default_rng(3).standard_normal((400, 6))
+        >>> scores = [SketchedPCA(n_components=k, random_state=0).fit(X[:300]).score(X[300:]) for k in (1, 6)]
+        >>> len(scores), all(np.isfinite(scores))
+        (2, True)
         """
         scores = self.score_samples(X)
         xp = array_api_compat.array_namespace(scores)

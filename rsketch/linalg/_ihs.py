@@ -190,8 +190,12 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None, settle=None):
         if counted:  # the gradients' passes (the design counts them) and t + 1 sketches
             log.passes = passes_before + design.passes + t + 1
         t2 = time.perf_counter()
-        factor = sketched_factor(SX, None, x_norms, X.shape[0])  # the rank confirmed by X's products
+        # the first sketch's rank confirmed by X's products (settle hands a near-singular X to the
+        # direct solve); the later sketches' ranks stand
+        factor = sketched_factor(SX, None, x_norms if t == 0 else None, X.shape[0])
         M, s_values, rank = factor.M, factor.s, factor.rank
+        if rank0 is not None and rank > rank0:  # X's rank, confirmed on the first sketch, holds for all:
+            M, rank = M[:, :rank0], rank0  # a later sketch's rounding had kept a zero of X (coef 5e12)
         t3 = time.perf_counter()
         log.sketch += t2 - t1
         log.factor += t3 - t2

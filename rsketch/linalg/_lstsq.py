@@ -279,7 +279,7 @@ def _sketched_solve(X, Y, S, method, *, p, r, tol, max_iter, inner_solver, log):
     t1 = time.perf_counter()
     # the rank confirmed by X's own products where S X's rounding could hide a zero (one product)
     x_norms = lambda V: column_norms(design.matmul(V))  # noqa: E731
-    factor = sketched_factor(SX, SY, x_norms, X.shape[0])
+    factor = sketched_factor(SX, SY, x_norms, X.shape[0], check_dropped=method == "sketch_and_solve")
     rank = factor.rank
     if settle_directly(X, factor):
         log.sketch = time.perf_counter() - t0

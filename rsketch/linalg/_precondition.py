@@ -103,7 +103,7 @@ class SketchedFactor:
         return float(np.sqrt(np.sum(self.s**2)))
 
 
-def confirmed_rank(s, Vt, x_norms, n: int) -> tuple[int, bool]:
+def confirmed_rank(s, Vt, x_norms, n: int, check_dropped: bool = False) -> tuple[int, bool]:
     """The rank of ``X`` from the SVD ``S X = U diag(s) V.T`` and ``X``'s own products; whether the
     sketch missed a direction of ``range(X)``.
 
@@ -113,9 +113,11 @@ def confirmed_rank(s, Vt, x_norms, n: int) -> tuple[int, bool]:
     coefficients ``1e17`` times the minimum-norm ones with ``converged=True`` (found by probing,
     2026-12-06). ``X v`` sums only ``p`` products, so directions ``v`` whose singular value lies
     below ``SUSPECT sqrt(n) u s_1`` are judged by ``||X v||`` (``x_norms(V)``, one product with ``X``,
-    made only where there is such a direction) against ``max(RANK_CUTOFF, sqrt(p)) u s_1``. A kept
-    direction that fails ends the rank; a dropped one that passes by ten times that bound shows a
-    sketch that is no embedding of ``range(X)`` (``missed``).
+    made only where a kept direction lies there) against ``max(RANK_CUTOFF, sqrt(p)) u s_1``. A
+    kept direction that fails ends the rank. With ``check_dropped`` (sketch-and-solve, whose answer
+    rests on the sketch alone) the dropped directions, and those outside ``S X``'s row space when it
+    has fewer rows than ``X`` has columns, are checked too: one that ``X`` maps to ten times the
+    bound shows a sketch that is no embedding of ``range(X)`` (``missed``).
 
     Examples
     --------
@@ -126,16 +128,18 @@ def confirmed_rank(s, Vt, x_norms, n: int) -> tuple[int, bool]:
     (1, False)
     """
     p = Vt.shape[1]
-    if s.size == 0:
-        return 0, False
-    cutoff = s[0] * RANK_CUTOFF * _U
-    rank = int(np.count_nonzero(s > cutoff)) if s[0] > 0 else 0
-    suspect = np.flatnonzero(s <= s[0] * max(RANK_CUTOFF, SUSPECT * math.sqrt(n)) * _U)
-    if suspect.size == 0:
+    rank = int(np.count_nonzero(s > s[0] * RANK_CUTOFF * _U)) if s.size and s[0] > 0 else 0
+    band = s[0] * SUSPECT * math.sqrt(n) * _U if s.size else 0.0
+    first = int(np.count_nonzero(s[:rank] > band))  # the kept directions in the band come last
+    last = Vt.shape[0] if check_dropped else rank
+    outside = check_dropped and Vt.shape[0] < p  # S X has fewer rows than X has columns
+    if first == last and not outside:
         return rank, False
-    first = int(suspect[0])
-    norms = np.asarray(x_norms(Vt[first:].T), dtype=np.float64)
-    bound = s[0] * max(RANK_CUTOFF, math.sqrt(p)) * _U
+    V = Vt[first:last].T
+    if outside:
+        V = np.hstack([V, scipy.linalg.null_space(Vt)])
+    norms = np.asarray(x_norms(V), dtype=np.float64)
+    bound = max(s[0] if s.size else 0.0, 0.0) * max(RANK_CUTOFF, math.sqrt(p)) * _U
     kept = first  # the kept suspects count up to the first that X maps to rounding
     while kept < rank and norms[kept - first] > bound:
         kept += 1
@@ -159,7 +163,7 @@ def near_singular(factor, n: int) -> bool:
     return bool(factor.rank) and bool(factor.s[factor.rank - 1] <= factor.s[0] * SUSPECT * math.sqrt(n) * _U)
 
 
-def sketched_factor(SX, SY=None, x_norms=None, n=None):
+def sketched_factor(SX, SY=None, x_norms=None, n=None, check_dropped=False):
     """Preconditioner, singular values and the sketch-and-solve solution from ``S X`` (and ``S y``).
 
     Parameters
@@ -170,7 +174,8 @@ def sketched_factor(SX, SY=None, x_norms=None, n=None):
         The sketched right-hand sides, for :attr:`SketchedFactor.presolve` (of ``SX``'s library).
     x_norms : callable, optional
         ``V -> ||X V||`` per column, and ``n``, ``X``'s rows: the rank is then confirmed against
-        ``X`` (:func:`confirmed_rank`); without them, the singular values of ``S X`` alone decide.
+        ``X`` (:func:`confirmed_rank`, with ``check_dropped``); without them, the singular values
+        of ``S X`` alone decide.
 
     Returns
     -------
@@ -202,7 +207,7 @@ def sketched_factor(SX, SY=None, x_norms=None, n=None):
         if SX.shape[0] > SX.shape[1]:
             Q, R = xp.linalg.qr(SX)
             SX, SY = R, None if SY is None else xp.matrix_transpose(Q) @ SY
-        return sketched_factor(to_host(SX), None if SY is None else to_host(SY), x_norms, n)
+        return sketched_factor(to_host(SX), None if SY is None else to_host(SY), x_norms, n, check_dropped)
     if SX.shape[0] > SX.shape[1]:
         Q, R = scipy.linalg.qr(SX, mode="economic", check_finite=False)
         U, s, Vt = scipy.linalg.svd(R, check_finite=False, lapack_driver="gesdd")
@@ -211,11 +216,10 @@ def sketched_factor(SX, SY=None, x_norms=None, n=None):
         U, s, Vt = scipy.linalg.svd(SX, full_matrices=False, check_finite=False, lapack_driver="gesdd")
         qty = SY
     missed = False
-    if s.size == 0 or s[0] == 0.0:
+    if x_norms is not None:
+        rank, missed = confirmed_rank(s, Vt, x_norms, n, check_dropped)
+    elif s.size == 0 or s[0] == 0.0:
         rank = 0
-        missed = x_norms is not None and s.size > 0 and bool(np.any(np.asarray(x_norms(Vt.T)) > 0))
-    elif x_norms is not None:
-        rank, missed = confirmed_rank(s, Vt, x_norms, n)
     else:
         rank = int(np.count_nonzero(s > s[0] * RANK_CUTOFF * _U))
     M = Vt[:rank].T / s[:rank]

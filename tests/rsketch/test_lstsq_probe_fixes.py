@@ -235,6 +235,10 @@ def test_sketch_and_solve_with_a_sketch_that_misses_range_x_has_not_converged():
             X, np.ones(20), method="sketch_and_solve", sketch="countsketch", sketch_size=20, seed=0
         )
     assert not res.converged
+    # fewer sketch rows than columns: p - r directions of range(X) go to zero (a review's find)
+    X = np.random.default_rng(3).standard_normal((200, 10))
+    with pytest.warns(rsketch.ConvergenceWarning):
+        assert not rsketch.lstsq(X, np.ones(200), method="sketch_and_solve", sketch_size=5, seed=0).converged
     # a sketch that embeds range(X): converged, no warning
     X = np.random.default_rng(2).standard_normal((5000, 5))
     with warnings.catch_warnings():

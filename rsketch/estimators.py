@@ -1107,8 +1107,9 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         (2, True)
         """
         scores = self.score_samples(X)
-        xp = array_api_compat.array_namespace(scores)
-        return float(xp.mean(xp.astype(scores, xp.float64) if not is_non_numpy_array(scores) else scores))
+        if is_non_numpy_array(scores):  # on its device, in its dtype
+            return float(array_api_compat.array_namespace(scores).mean(scores))
+        return float(np.mean(scores, dtype=np.float64))
 
     @property
     def _n_features_out(self):

@@ -103,6 +103,16 @@ class SketchedFactor:
         return float(np.sqrt(np.sum(self.s**2)))
 
 
+def _sketch_rank(s) -> int:
+    """The singular values of ``S X`` above :data:`RANK_CUTOFF` ``u s_1`` (none of a zero ``S X``)."""
+    return int(np.count_nonzero(s > s[0] * RANK_CUTOFF * _U)) if s.size and s[0] > 0 else 0
+
+
+def _band(s, n: int) -> float:
+    """``SUSPECT sqrt(n) u s_1``: below it a singular value of ``S X`` may be its rounding's."""
+    return float(s[0]) * SUSPECT * math.sqrt(n) * _U if s.size else 0.0
+
+
 def confirmed_rank(s, Vt, x_norms, n: int, check_dropped: bool = False) -> tuple[int, bool]:
     """The rank of ``X`` from the SVD ``S X = U diag(s) V.T`` and ``X``'s own products; whether the
     sketch missed a direction of ``range(X)``.
@@ -128,9 +138,8 @@ def confirmed_rank(s, Vt, x_norms, n: int, check_dropped: bool = False) -> tuple
     (1, False)
     """
     p = Vt.shape[1]
-    rank = int(np.count_nonzero(s > s[0] * RANK_CUTOFF * _U)) if s.size and s[0] > 0 else 0
-    band = s[0] * SUSPECT * math.sqrt(n) * _U if s.size else 0.0
-    first = int(np.count_nonzero(s[:rank] > band))  # the kept directions in the band come last
+    rank = _sketch_rank(s)
+    first = int(np.count_nonzero(s[:rank] > _band(s, n)))  # the kept directions in the band come last
     last = Vt.shape[0] if check_dropped else rank
     outside = check_dropped and Vt.shape[0] < p  # S X has fewer rows than X has columns
     if first == last and not outside:
@@ -139,7 +148,7 @@ def confirmed_rank(s, Vt, x_norms, n: int, check_dropped: bool = False) -> tuple
     if outside:
         V = np.hstack([V, scipy.linalg.null_space(Vt)])
     norms = np.asarray(x_norms(V), dtype=np.float64)
-    bound = max(s[0] if s.size else 0.0, 0.0) * max(RANK_CUTOFF, math.sqrt(p)) * _U
+    bound = (float(s[0]) if s.size else 0.0) * max(RANK_CUTOFF, math.sqrt(p)) * _U
     kept = first  # the kept suspects count up to the first that X maps to rounding
     while kept < rank and norms[kept - first] > bound:
         kept += 1
@@ -160,7 +169,7 @@ def near_singular(factor, n: int) -> bool:
     ...     sketched_factor(np.diag([1.0, 1e-6])), n=10**6)
     (True, False)
     """
-    return bool(factor.rank) and bool(factor.s[factor.rank - 1] <= factor.s[0] * SUSPECT * math.sqrt(n) * _U)
+    return bool(factor.rank) and bool(factor.s[factor.rank - 1] <= _band(factor.s, n))
 
 
 def sketched_factor(SX, SY=None, x_norms=None, n=None, check_dropped=False):
@@ -218,10 +227,8 @@ def sketched_factor(SX, SY=None, x_norms=None, n=None, check_dropped=False):
     missed = False
     if x_norms is not None:
         rank, missed = confirmed_rank(s, Vt, x_norms, n, check_dropped)
-    elif s.size == 0 or s[0] == 0.0:
-        rank = 0
     else:
-        rank = int(np.count_nonzero(s > s[0] * RANK_CUTOFF * _U))
+        rank = _sketch_rank(s)
     M = Vt[:rank].T / s[:rank]
     presolve = None if qty is None else M @ (U[:, :rank].T @ qty)
     return SketchedFactor(M, s, rank, Vt, presolve, missed)

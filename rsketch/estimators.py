@@ -19,6 +19,7 @@ from sklearn.utils.sparsefuncs import mean_variance_axis
 from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
+from rsketch._exact_scaling import max_abs, shift_down, unit_exponent
 from rsketch._validation import (
     LSTSQ_METHODS,
     check_allocation,
@@ -127,6 +128,39 @@ def _nystrom_max_rank(X):
     return int(max(1, min(p, n, NYSTROM_MAX_RANK, budget // (2 * p * X.itemsize))))
 
 
+def _mean_weights(w, xp):
+    """``(v, sum(v))`` with ``v = w 2**-e`` (exact) and ``2**e`` near the largest weight, or None where
+    every weight is zero: weights of ``1e306`` had summed to inf and every mean to 0, and weights of
+    ``5e-324``, one bit each, been rounded unequally."""
+    top = float(xp.max(w)) if w.shape[0] else 0.0
+    if not top > 0:
+        return None
+    v = shift_down(w, unit_exponent(top))
+    return v, xp.sum(v)
+
+
+def _weighted_mean(weights, Z):
+    """``v @ Z / sum(v)`` for ``weights = (v, sum(v))``: the sums of entries near the float range's end
+    (``7e306``) overflow, and are then taken of ``Z`` scaled by a power of two. (Dividing ``v`` by its
+    sum first left a constant column's mean off by rounding, and its centred column not zero.)"""
+    v, total = weights
+    mean = (v @ Z) / total
+    xp = array_api_compat.array_namespace(mean)
+    if bool(xp.all(xp.isfinite(mean))):
+        return mean
+    e = unit_exponent(float(max_abs(Z)))
+    return shift_down((v @ shift_down(Z, e)) / total, -e)
+
+
+def _intercept_exponent(A, sw) -> int:
+    """The ``e`` with ``2**e ||sw||`` near the mean column norm ``||A||_F / sqrt(p)`` of a weighted
+    sparse design (0 where either is zero): the scale of its intercept column."""
+    target, weights = frobenius_norm(A) / math.sqrt(A.shape[1]), frobenius_norm(sw)
+    if not (target > 0 and weights > 0):
+        return 0
+    return unit_exponent(target) - unit_exponent(weights)
+
+
 class _SketchedLinearModel(RegressorMixin, BaseEstimator):
     """Fit/validation shared by the estimators; subclasses say how much ridge penalty to add."""
 
@@ -177,27 +211,30 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
                 return self._fit_kernel(X, y, w, alpha)
             return self._fit_nystrom(X, y, w, alpha)
         sw = xp.sqrt(w)
-        intercept_col = False
+        intercept_col = None  # the exponent of a sparse X's intercept column
         if self.fit_intercept and not sp.issparse(X):
-            wsum = float(xp.sum(w))
-            x_mean = (w @ X) / wsum if wsum > 0 else like(np.zeros(p), y)
-            y_mean = (w @ y) / wsum if wsum > 0 else like(np.zeros(y.shape[1:]), y)
+            v = _mean_weights(w, xp)
+            x_mean = _weighted_mean(v, X) if v is not None else like(np.zeros(p), y)
+            y_mean = _weighted_mean(v, y) if v is not None else like(np.zeros(y.shape[1:]), y)
             A = (X - x_mean) * sw[:, None]
         else:
             x_mean = like(np.zeros(p), y)
             y_mean = like(np.zeros(y.shape[1:]), y)
-            if self.fit_intercept:
-                # Centering would fill a sparse X: add an unpenalised column of ones instead.
-                X = sp.hstack([X, sp.csr_matrix(np.ones((n, 1)))], format="csr")
-                intercept_col = True
             A = sp.diags(sw) @ X if sp.issparse(X) else X * sw[:, None]
+            if self.fit_intercept:
+                # Centering would fill a sparse X: an unpenalised intercept column instead, 2**e sw
+                # with 2**e ||sw|| near the data columns' mean norm (exact: a power of two). A
+                # column of ones beside features of 1e16 fell below lstsq's rank cut, 8 u ||A||,
+                # and was dropped; beside features of 1e-16 it left the features there (coef_ 0).
+                intercept_col = _intercept_exponent(A, sw)
+                A = sp.hstack([A, sp.csr_matrix(np.ldexp(sw, intercept_col)[:, None])], format="csr")
         b = (y - y_mean) * (sw[:, None] if y.ndim == 2 else sw)
         q = A.shape[1]
         if alpha > 0 and not is_non_numpy_array(A) and math.sqrt(alpha) >= frobenius_norm(A[:, :p]):
             return self._fit_penalty_dominated(A, b, alpha, x_mean, y_mean, y, intercept_col)
         if alpha > 0:
             pen = np.sqrt(alpha) * np.eye(q)
-            if intercept_col:
+            if intercept_col is not None:
                 pen[-1, -1] = 0.0
             if sp.issparse(A):
                 A = sp.vstack([A, sp.csr_matrix(pen)], format="csr")
@@ -231,8 +268,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             coef = res.coef
             self.n_iter_ = int(res.iterations)
             self.solver_ = self.method
-        if intercept_col:
-            intercept = coef[-1]
+        if intercept_col is not None:
+            intercept = np.ldexp(coef[-1], intercept_col)
             coef = coef[:-1]
         else:
             intercept = y_mean - x_mean @ coef if self.fit_intercept else like(np.zeros(y.shape[1:]), y)
@@ -246,22 +283,38 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         ``sqrt(alpha)`` rows swamp the data rows there: at ``X`` of ``1e-35`` with ``alpha = 1``, or
         ``alpha = 1e70`` with ``X`` of order one, ``coef_`` was off ``Ridge``'s by ``1e3`` and ``34``.
         A sparse ``A``'s unpenalised intercept column ``a`` (its last) is eliminated first: the
-        equations for the rest are those of the centred columns, ``B.T (I - a a.T / a.T a) B``."""
-        B = A[:, :-1] if intercept_col else A
+        equations for the rest are those of the centred columns, ``B.T (I - a a.T / a.T a) B``.
+
+        The system is solved scaled by powers of two (exact): ``B / k`` with ``k ~ sqrt(alpha)``, so
+        that the penalty is near one and ``||B / k||_F^2 < 2``, and ``b`` and ``a`` to entries
+        near one; at ``X`` of ``2^500`` (``alpha = 2^1000``) ``B.T B`` had overflowed to NaN, and at
+        ``2^-500`` underflowed to 0."""
+        B = A[:, :-1] if intercept_col is not None else A
+        k = math.frexp(alpha)[1] // 2  # alpha / 4**k in [1/2, 2)
+        eb = unit_exponent(float(max_abs(b)))
+        B, b = shift_down(B, k), shift_down(np.asarray(b, dtype=np.float64), eb)
         G = np.asarray((B.T @ B).toarray() if sp.issparse(B) else B.T @ B, dtype=np.float64)
         rhs = np.asarray(B.T @ b, dtype=np.float64)
-        if intercept_col:
+        if intercept_col is not None:
             a = np.asarray(A[:, -1].toarray()).ravel()
+            ea = unit_exponent(float(max_abs(a)))
+            a = shift_down(a, ea)
             ata, Bta, atb = float(a @ a), np.asarray(B.T @ a).ravel(), np.asarray(a @ b)
             if ata > 0:
                 G -= np.outer(Bta, Bta) / ata
                 rhs -= np.multiply.outer(Bta, atb) / ata
-        G[np.diag_indices_from(G)] += alpha
+        G[np.diag_indices_from(G)] += math.ldexp(alpha, -2 * k)
         coef = scipy.linalg.cho_solve(scipy.linalg.cho_factor(G), rhs, check_finite=False)
-        if intercept_col:
-            intercept = (atb - Bta @ coef) / ata if ata > 0 else np.zeros(y.shape[1:])
-        else:
+        if intercept_col is not None:  # a's coefficient, then that of sw (a = sw 2**(intercept_col - ea))
+            theta = (atb - Bta @ coef) / ata if ata > 0 else np.zeros(y.shape[1:])
+            intercept = np.ldexp(theta, eb - ea + intercept_col)
+        coef = np.ldexp(coef, eb - k)
+        if intercept_col is None:
             intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        if not (np.isfinite(coef).all() and np.isfinite(intercept).all()):
+            raise ValueError(
+                f"the ridge solution for alpha={alpha:g} is beyond the float range: scale y, or X and alpha"
+            )
         self.n_iter_, self.solver_ = 0, "cholesky"
         self._set_coefficients(coef, intercept)
         return self
@@ -309,9 +362,9 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
     def _weighted_means(self, X, y, w, xp):
         """``(x_mean, y_mean)`` on the host: the columns' means weighted by ``w`` where an intercept
         is fitted (and some weight is positive), zeros otherwise; ``xp`` is ``X``'s namespace."""
-        wsum = float(xp.sum(w))
-        if self.fit_intercept and wsum > 0:
-            return to_host(xp.reshape(xp.asarray(X.T @ w), (-1,))) / wsum, to_host(w @ y) / wsum
+        v = _mean_weights(w, xp) if self.fit_intercept else None
+        if v is not None:
+            return to_host(xp.reshape(xp.asarray(_weighted_mean(v, X)), (-1,))), to_host(_weighted_mean(v, y))
         return np.zeros(X.shape[1]), np.zeros(y.shape[1:])
 
     def _fit_kernel(self, X, y, w, alpha):
@@ -453,11 +506,11 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         w = _check_sample_weight(sample_weight, y, dtype=np.float64, ensure_non_negative=True)
         sw = da.from_array(np.sqrt(w), chunks=(X.chunks[0],))[:, None]
         if self.fit_intercept:  # one pass for the weighted column means
-            wsum = w.sum()
-            x_mean = (
-                (da.from_array(w, chunks=(X.chunks[0],)) @ X).compute() / wsum if wsum > 0 else np.zeros(p)
-            )
-            y_mean = (w @ y) / wsum if wsum > 0 else np.zeros(y.shape[1:])
+            v = _mean_weights(w, np)
+            x_mean = np.zeros(p)
+            if v is not None:
+                x_mean = (da.from_array(v[0], chunks=(X.chunks[0],)) @ X).compute() / v[1]
+            y_mean = _weighted_mean(v, y) if v is not None else np.zeros(y.shape[1:])
             A = (X - x_mean) * sw
         else:
             x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])

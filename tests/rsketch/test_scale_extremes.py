@@ -1,0 +1,91 @@
+"""Data at the edges of the float range, where a probe of the public API found silent failures.
+
+Each answer is compared with the same problem at scale one: scaling by powers of two is exact, so
+the results must agree to rounding (or a clear error must say the answer is out of range).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.linear_model import LinearRegression, Ridge
+
+import rsketch
+
+
+def _rel(a, b):
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+@pytest.fixture(scope="module")
+def sparse_problem():
+    rng = np.random.default_rng(0)
+    X = sp.random(3000, 20, density=0.3, random_state=0, format="csr")
+    y = X @ rng.standard_normal(20) + 0.1 * rng.standard_normal(3000) + 5
+    return X, y
+
+
+@pytest.mark.parametrize("method", ["precondition", "ihs"])
+@pytest.mark.parametrize("c", [2.0**-54, 2.0**-47, 2.0**54])
+def test_sparse_intercept_at_any_feature_scale(sparse_problem, method, c):
+    # the intercept column was a column of ones: beside features of 1e16 it fell below lstsq's rank
+    # cut and was dropped (intercept 6e-32), beside features of 1e-16 it took the rank (coef_ 0)
+    X, y = sparse_problem
+    ref = LinearRegression().fit(X.toarray(), y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = rsketch.SketchedLinearRegression(method=method, random_state=0).fit(X * c, y)
+    assert _rel(model.coef_ * c, ref.coef_) < 1e-10
+    assert abs(model.intercept_ - ref.intercept_) < 1e-10 * abs(ref.intercept_)
+
+
+@pytest.mark.parametrize("c", [2.0**-54, 2.0**54])
+def test_sparse_ridge_intercept_at_any_feature_scale(sparse_problem, c):
+    X, y = sparse_problem
+    ref = Ridge(alpha=1e-2).fit(X.toarray(), y)
+    model = rsketch.SketchedRidge(alpha=1e-2 * c * c, random_state=0).fit(X * c, y)
+    assert _rel(model.coef_ * c, ref.coef_) < 1e-10
+    assert abs(model.intercept_ - ref.intercept_) < 1e-10 * abs(ref.intercept_)
+
+
+@pytest.mark.parametrize("weight", [1e306, 5e-324])
+def test_weighted_means_neither_overflow_nor_round_tiny_weights(weight):
+    # the weights' sum overflowed (every mean 0, intercept_ 0) or, at one bit each, rounded unequally
+    rng = np.random.default_rng(1)
+    X = (rng.standard_normal((2000, 20)) + 3) * 1e-3
+    y = X @ rng.standard_normal(20) + 1e-4 * rng.standard_normal(2000) + 5e-3
+    plain = rsketch.SketchedLinearRegression(random_state=0).fit(X, y)
+    weighted = rsketch.SketchedLinearRegression(random_state=0).fit(X, y, sample_weight=np.full(2000, weight))
+    assert _rel(weighted.coef_, plain.coef_) < 1e-12
+    assert abs(weighted.intercept_ - plain.intercept_) < 1e-12 * abs(plain.intercept_)
+
+
+def test_kernel_ridge_with_huge_weights():
+    # weights c and alpha c: the same solution; the means' sum overflowed and coef_ came back NaN
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((100, 300)) + 3
+    y = X @ rng.standard_normal(300) + 5
+    plain = rsketch.SketchedRidge(alpha=1.0, random_state=0).fit(X, y)
+    weighted = rsketch.SketchedRidge(alpha=1e306, random_state=0).fit(X, y, sample_weight=np.full(100, 1e306))
+    assert weighted.solver_ == plain.solver_ == "kernel"
+    assert _rel(weighted.coef_, plain.coef_) < 1e-12
+    assert abs(weighted.intercept_ - plain.intercept_) < 1e-12 * abs(plain.intercept_)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("c, d", [(2.0**500, 2.0**600), (2.0**-500, 2.0**-600), (2.0**-530, 1.0)])
+def test_penalty_dominated_ridge_at_extreme_scales(sparse, c, d):
+    # alpha >= ||X||_F^2 goes to a Cholesky of X.T X + alpha I, which overflowed to NaN at 2^500
+    # and underflowed to 0 at 2^-500
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((2000, 20)) + 3
+    if sparse:
+        X = sp.random(2000, 20, density=0.3, random_state=1, format="csr")
+    X = X / (sp.linalg.norm(X) if sparse else np.linalg.norm(X))
+    y = X @ rng.standard_normal(20) * 50 + 5
+    ref = Ridge(alpha=1.0).fit(X.toarray() if sparse else X, y)
+    model = rsketch.SketchedRidge(alpha=c * c, random_state=0).fit(X * c, y * d)
+    assert model.solver_ == "cholesky"
+    assert _rel(model.coef_ * (c / d), ref.coef_) < 1e-12
+    assert abs(model.intercept_ / d - ref.intercept_) < 1e-12 * abs(ref.intercept_)

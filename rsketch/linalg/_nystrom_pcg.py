@@ -180,6 +180,12 @@ def nystrom_pcg(
     -------
     NystromPCGResult
 
+    Raises
+    ------
+    ValueError
+        Where ``x`` is beyond or below the float range of ``A``'s dtype (it is computed scaled, and
+        scaled back exactly), or ``mu`` is below that range relative to ``||A||``.
+
     Examples
     --------
     >>> import numpy as np
@@ -244,6 +250,11 @@ def nystrom_pcg(
     top = float(approx.eigenvalues.max(initial=0.0))
     e = unit_exponent(max(top, mu) if top < math.inf else mu)  # ||A + mu I|| ~ 2**e: nothing overflows
     A_e, mu_e = _Scaled(A, e), math.ldexp(mu, -e)
+    if mu_e < np.finfo(dtype).tiny:  # CG then met A alone, singular, and returned NaN "converged"
+        raise ValueError(
+            f"mu = {mu:g} is below the float range relative to ||A|| ~ 2**{e} ({dtype}): A + mu I is "
+            "singular to working precision; give a larger mu"
+        )
     approx_e = NystromResult(approx.U, np.ldexp(approx.eigenvalues, -e), _ldexp(approx.shift, -e))
     P_inv = nystrom_preconditioner(approx_e, mu_e)
     B = b.astype(np.result_type(dtype, b.dtype), copy=False)
@@ -255,7 +266,7 @@ def nystrom_pcg(
         X[:, j], it, norms[j] = _pcg(A_e, mu_e, B[:, j], P_inv, tol, max_iter, callback, int(shift[j]) - e)
         its, matvecs = max(its, it), matvecs + it
     true, floor = _true_residuals(A_e, mu_e, B, X, approx_e)
-    X = np.ldexp(X, shift - e).astype(X.dtype, copy=False)
+    X = _unscaled(X, shift - e)
     matvecs += B.shape[1]
     converged = bool(np.all(true <= np.maximum(tol, floor)))
     if not converged:
@@ -268,6 +279,27 @@ def nystrom_pcg(
         )
     x = X[:, 0] if b_is_vector else X
     return NystromPCGResult(x, its, true, converged, approx, matvecs)
+
+
+def _unscaled(X, shifts):
+    """``X 2**shifts`` (exact), in ``X``'s dtype; a ``ValueError`` where that leaves the float range (an
+    x of ``1e310`` came back as inf, one of ``1e-601`` as 0, both "converged") or where CG's ``x`` is
+    not finite."""
+    if not np.isfinite(X).all():
+        raise FloatingPointError(
+            "nystrom_pcg's iterate is not finite (A's products or the preconditioner broke down): "
+            "check A, or give a larger mu"
+        )
+    with np.errstate(over="ignore", under="ignore"):
+        out = np.ldexp(X, shifts).astype(X.dtype, copy=False)
+    beyond = not np.isfinite(out).all()
+    lost = bool(((np.abs(X).max(axis=0) > 0) & (np.abs(out).max(axis=0) < np.finfo(X.dtype).tiny)).any())
+    if beyond or lost:
+        raise ValueError(
+            f"the solution x is {'beyond' if beyond else 'below'} the {X.dtype} range (its entries would "
+            f"{'overflow' if beyond else 'underflow to subnormals or zero'}): rescale A, b or mu"
+        )
+    return out
 
 
 class _Scaled:

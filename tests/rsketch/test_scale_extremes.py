@@ -89,3 +89,26 @@ def test_penalty_dominated_ridge_at_extreme_scales(sparse, c, d):
     assert model.solver_ == "cholesky"
     assert _rel(model.coef_ * (c / d), ref.coef_) < 1e-12
     assert abs(model.intercept_ / d - ref.intercept_) < 1e-12 * abs(ref.intercept_)
+
+
+@pytest.mark.parametrize(
+    "A, b, mu, where",
+    [
+        (np.zeros((300, 300)), 1e10, 1e-300, "beyond"),  # x = 1e310: came back inf, "converged"
+        (1e300 * np.eye(300), 1e-300, 1e300, "below"),  # x = 5e-601: came back 0, "converged"
+        (1e30 * np.eye(300, dtype=np.float32), 1e-30, 1e30, "below"),  # float32's range
+    ],
+)
+def test_nystrom_pcg_solution_outside_the_float_range(A, b, mu, where):
+    rhs = (b * np.random.default_rng(0).standard_normal(300)).astype(A.dtype)
+    with pytest.raises(ValueError, match=f"solution x is {where} the float"):
+        rsketch.nystrom_pcg(A, rhs, mu, seed=0)
+
+
+def test_nystrom_pcg_mu_below_the_range_of_A():
+    # mu / ||A|| = 1e-400: CG met A alone, singular, and returned NaN with a warning of "met tol"
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.standard_normal((300, 300)))
+    A = (Q * np.r_[np.ones(10), np.zeros(290)] * 1e300) @ Q.T
+    with pytest.raises(ValueError, match="mu = 1e-100 is below the float range"):
+        rsketch.nystrom_pcg((A + A.T) / 2, rng.standard_normal(300), 1e-100, seed=0)

@@ -202,6 +202,10 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None, settle=None):
         log.iterate += t1 - t0
         if rank0 is None:
             rank0 = rank
+            # A rank-deficient X: every step is kept in the first sketch's row space, X's to
+            # rounding. Each later sketch's kept directions span a different near-null part, and
+            # steps gathered there: at kappa 1e20, coef 1e10 times the minimum-norm one, "converged".
+            row_space = factor.Vt[:rank0].T if rank0 < p else None
             settled = settle(X, factor) if settle is not None else False
             if settled:
                 coef, rank, rnorm, iterations, converged = settled
@@ -247,6 +251,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None, settle=None):
             else:
                 shortfall = (measure, tol, "error measure")
             return coef, t, False, np.sqrt(rn2), rank0, shortfall
-        coef = coef + M @ s
+        step = M @ s
+        coef = coef + (step if row_space is None else row_space @ (row_space.T @ step))
         log.iterate += time.perf_counter() - t3
         t += 1

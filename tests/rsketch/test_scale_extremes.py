@@ -112,3 +112,17 @@ def test_nystrom_pcg_mu_below_the_range_of_A():
     A = (Q * np.r_[np.ones(10), np.zeros(290)] * 1e300) @ Q.T
     with pytest.raises(ValueError, match="mu = 1e-100 is below the float range"):
         rsketch.nystrom_pcg((A + A.T) / 2, rng.standard_normal(300), 1e-100, seed=0)
+
+
+@pytest.mark.parametrize("kappa", [1e20, 1e30])
+def test_ihs_rank_deficient_consistent_problem_stays_minimum_norm(kappa):
+    # each new sketch's kept directions span a different near-null part of X: IHS's steps gathered
+    # there, coef 1e10 times the minimum-norm one and a residual of 6e-5 of ||y||, converged=True
+    from rsketch.linalg.problems import stability_problem
+
+    P = stability_problem(2000, 30, kappa=kappa, residual_norm=0.0, seed=0)
+    ihs = rsketch.lstsq(P.X, P.y, method="ihs", seed=1)
+    ref = rsketch.lstsq(P.X, P.y, method="precondition", seed=1)
+    assert ihs.converged and ihs.rank == ref.rank < 30
+    assert np.linalg.norm(ihs.coef) < 1.01 * np.linalg.norm(ref.coef)
+    assert np.linalg.norm(P.X @ ihs.coef - P.y) < 1e-14 * np.linalg.norm(P.y)

@@ -359,15 +359,26 @@ class SketchOperator:
         )
         if sp.issparse(Z):
             Z = Z.toarray()
-        if isinstance(Z, np.ndarray):
-            out = self._adjoint_numpy(Z)
-        elif array_api_compat.is_cupy_array(Z):  # on the GPU: the CUDA kernels where there are some
-            from rsketch.kernels.cuda import sketch_adjoint
-
-            out = sketch_adjoint(self, Z)
-        else:
-            out = self._reference_adjoint(Z)
+        out = self._adjoint_apply(Z)
+        if isinstance(Z, np.ndarray) and not np.isfinite(out).all():
+            # Z is finite (checked): a sum overflowed on the way, as S @ A's can; the forward
+            # product's remedy (an SRHT's S.T @ Z of entries 1e308 gave NaN where the largest exact
+            # entry was 1e308)
+            scaled, shifts = scale_columns(Z)
+            with np.errstate(over="ignore", under="ignore"):  # beyond the range: inf, as IEEE has it
+                out = shift_down(self._adjoint_apply(scaled), -shifts)
         return out[:, 0] if is_vector else out
+
+    def _adjoint_apply(self, Z):
+        """``S.T @ Z`` of a checked dense ``Z`` by the path its kind of array takes."""
+        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite output is checked after
+            if isinstance(Z, np.ndarray):
+                return self._adjoint_numpy(Z)
+            if array_api_compat.is_cupy_array(Z):  # on the GPU: the CUDA kernels where there are some
+                from rsketch.kernels.cuda import sketch_adjoint
+
+                return sketch_adjoint(self, Z)
+            return self._reference_adjoint(Z)
 
     def reference_adjoint(self, Z):
         """``S.T @ Z`` block by block from the portable path (``Z`` checked as for ``S.T @ Z``).

@@ -126,3 +126,16 @@ def test_ihs_rank_deficient_consistent_problem_stays_minimum_norm(kappa):
     assert ihs.converged and ihs.rank == ref.rank < 30
     assert np.linalg.norm(ihs.coef) < 1.01 * np.linalg.norm(ref.coef)
     assert np.linalg.norm(P.X @ ihs.coef - P.y) < 1e-14 * np.linalg.norm(P.y)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "srht", "srdct"])
+def test_adjoint_products_near_overflow(kind):
+    # S.T @ Z and Z.T @ S summed unscaled and overflowed (inf, NaN) where every exact entry was
+    # at most 1e308; the forward product rescales, and now the adjoint too
+    A = np.random.default_rng(0).standard_normal((64, 5))
+    S = rsketch.make_sketch(kind, 1000, 64, seed=0)
+    ref = S.T @ A
+    c = 1e308 / np.abs(ref).max()
+    for out in (S.T @ (A * c), ((A * c).T @ S).T):
+        assert np.isfinite(out).all()
+        assert _rel(out / c, ref) < 1e-14

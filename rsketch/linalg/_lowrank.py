@@ -723,7 +723,10 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
     scale = 10 * math.sqrt(2 / math.pi)
     # E ||A w||^2 = ||A||_F^2; column_norms, whose squares neither overflow nor underflow (A of
     # 2**-600 gave a basis of no column and an estimate of 0, A of 1e160 an estimate of inf)
-    norm_estimate = float(column_norms(R).max())
+    with np.errstate(over="ignore"):
+        norm_estimate = float(column_norms(R).max())
+    if not math.isfinite(norm_estimate):  # no new direction would beat inf: no column, and no warning
+        raise _overflow()
     est = scale * norm_estimate
     children = seeds[0].spawn(max(1, -(-max_rank // block_size)))
     at_rounding = False

@@ -139,3 +139,30 @@ def test_adjoint_products_near_overflow(kind):
     for out in (S.T @ (A * c), ((A * c).T @ S).T):
         assert np.isfinite(out).all()
         assert _rel(out / c, ref) < 1e-14
+
+
+def test_interpolative_at_subnormal_scale():
+    # R11^-1 R12 of a subnormal R overflowed through 1 / diag: proj NaN (the same matrix times 2^600
+    # gave a finite one). Subnormals carry fewer bits: the decomposition is checked, not the bits.
+    rng = np.random.default_rng(0)
+    B = rng.standard_normal((1000, 3))
+    A = np.hstack([B, B @ rng.standard_normal((3, 3))]) * 1e-310
+    res = rsketch.interpolative(A, 3, seed=0)
+    assert np.isfinite(res.proj).all()
+    scaled = np.ldexp(A, 600)
+    assert np.linalg.norm(
+        scaled - res.skeleton(scaled) @ res.interpolation_matrix()
+    ) < 1e-10 * np.linalg.norm(scaled)
+
+
+@pytest.mark.parametrize("dtype, top", [(np.float64, 5e306), (np.float32, 3e37)])
+def test_adaptive_range_finder_near_overflow(dtype, top):
+    # the probes' products overflowed: a basis of no column and an estimate of inf, with no warning,
+    # where the fixed-rank finder raised its ValueError
+    rng = np.random.default_rng(0)
+    U, _ = np.linalg.qr(rng.standard_normal((600, 80)))
+    V, _ = np.linalg.qr(rng.standard_normal((80, 80)))
+    A = (U * np.exp(-np.arange(80) / 5)) @ V.T
+    A = (A / np.abs(A).max() * top).astype(dtype)
+    with pytest.raises(ValueError, match="products with A are not finite"):
+        rsketch.range_finder(A, 10, tol=top * 1e-3, seed=0)

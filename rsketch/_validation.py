@@ -176,8 +176,6 @@ def check_operand(
     """
     why = f" ({rows_label})" if rows_label else ""
     if sp.issparse(A):
-        if A.format not in _SPARSE_OK:
-            A = A.tocsr()
         if A.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got a sparse array with {A.ndim} dimensions")
         dt = _float_dtype_for(A.dtype, name)
@@ -185,8 +183,10 @@ def check_operand(
             raise ValueError(f"{name} must have {rows} rows{why}, got shape {A.shape}")
         if A.shape[1] == 0 or A.shape[0] == 0:
             raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
-        A = A.tocsr() if A.format == "coo" else A
+        # cast before a conversion sums duplicate entries: in int8 they wrapped (100 + 100 = -56) and
+        # in bool they OR'd, so a COO matrix gave another S @ A than the same matrix as CSR
         A = A.astype(dt, copy=False)
+        A = A.tocsr() if A.format not in _SPARSE_OK or A.format == "coo" else A
         if check_finite_values:
             check_finite(A, name)
         return A, False

@@ -15,6 +15,8 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from rsketch._validation import check_operand
+
 _SPLIT = 134217729.0  # 2^27 + 1: Veltkamp's splitting constant for float64
 
 
@@ -89,11 +91,7 @@ def backward_error(X, y, coef):
     >>> bool(rsketch.linalg.backward_error(X, y, coef + 1e-6) > 1e-9)
     True
     """
-    X = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    coef = np.asarray(coef, dtype=np.float64)
-    vector = y.ndim == 1
-    Y, C = (y[:, None], coef[:, None]) if vector else (y, coef)
+    X, Y, C, vector = _check_inputs(X, y, coef)
     ax = math.frexp(float(np.max(np.abs(X))) or 1.0)[1]
     X = np.ldexp(X, -ax)
     U, s, Vt = scipy.linalg.svd(X, full_matrices=False)
@@ -111,3 +109,31 @@ def backward_error(X, y, coef):
         w = (Vt @ g) / np.sqrt(s**2 + (rnorm / cnorm) ** 2)
         out[j] = float(np.linalg.norm(w)) / cnorm / frob
     return float(out[0]) if vector else out
+
+
+def _check_inputs(X, y, coef):
+    """``(X, Y, C, y_is_vector)``: float64, finite, of matching shapes (``Y`` and ``C`` 2-D), each
+    checked by name (complex input had given the real part's value, a string array been parsed, a
+    2-D ``y`` with a 1-D ``coef`` met an IndexError, and a zero ``X`` a ZeroDivisionError)."""
+    if sp.issparse(X):
+        X = X.toarray()
+    elif not isinstance(X, np.ndarray):
+        try:
+            X = np.asarray(X)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"X must be an array of real numbers: {exc}") from exc
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
+    n, p = X.shape
+    X, _ = check_operand(X, n, "X")
+    Y, vector = check_operand(y, n, "y", rows_label="X's rows")
+    C, coef_vector = check_operand(coef, p, "coef", rows_label="X's columns")
+    if vector != coef_vector or Y.shape[1] != C.shape[1]:
+        raise ValueError(
+            f"coef must have shape ({p},) for y of shape ({n},), or ({p}, k) for y of shape ({n}, k); "
+            f"got coef of shape {np.shape(coef)} and y of shape {np.shape(y)}"
+        )
+    if not np.any(X):
+        raise ValueError("X is zero: a backward error relative to ||X||_F is not defined")
+    as_float = lambda A: np.asarray(A.toarray() if sp.issparse(A) else A, dtype=np.float64)  # noqa: E731
+    return as_float(X), as_float(Y), as_float(C), vector

@@ -70,7 +70,11 @@ def max_abs(A, axis=None):
     if sp.issparse(A) and axis == 0:
         return abs(A).max(axis=0).toarray().ravel()
     data = A.data if sp.issparse(A) else A
-    return np.max(np.abs(data), axis=axis) if data.size else np.zeros(A.shape[1] if axis == 0 else ())
+    if not data.size:
+        return np.zeros(A.shape[1] if axis == 0 else ())
+    # the larger of max and -min: two reads and no |A| copy (IHS's scaling had allocated one the size
+    # of X); np.maximum keeps a NaN
+    return np.maximum(np.max(data, axis=axis), -np.min(data, axis=axis))
 
 
 def unit_exponent(amax: float) -> int:

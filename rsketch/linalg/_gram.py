@@ -87,6 +87,7 @@ class GramOperator(LinearOperator):
     """
 
     def __init__(self, X, *, center=None, sample_weight=None, check_finite=True):
+        X = _plain(X)
         dtype = _host_dtype(X)
         if dtype is None or X.ndim != 2:
             raise TypeError(
@@ -227,6 +228,19 @@ def sketch_matrix(S: SketchOperator, dtype):
     if not isinstance(S, SparseSign):
         return np.asarray(S.to_dense(), dtype=dtype)
     return S.sparse_columns(dtype=dtype)
+
+
+def _plain(X):
+    """``X`` as the products take it: an ``np.matrix`` as a plain array (a view; its ``@`` had given
+    ``(1, p)`` results), a non-native byte order swapped and a sparse format other than CSR or CSC as
+    CSR (copies: lil and dok met errors, and a DIA matrix's padding was checked for NaN)."""
+    if sp.issparse(X):
+        return X if X.format in ("csr", "csc") else X.tocsr()
+    if isinstance(X, np.ndarray):
+        X = np.asarray(X)
+        if not X.dtype.isnative:
+            X = X.astype(X.dtype.newbyteorder("="))
+    return X
 
 
 def _host_dtype(X):

@@ -255,8 +255,9 @@ def _operator_product(A, Y, adjoint):
             f"{Y.shape}: expected a real float array of shape {(rows, Y.shape[1])}"
         )
     # In the dtype A declares, the one the results promise: a float32 operator whose products came
-    # back float64 gave float64 U and Vt beside float32 s
-    return AY.astype(A.dtype, copy=False)
+    # back float64 gave float64 U and Vt beside float32 s. Always a copy: the basis is orthonormalised
+    # in place, which overwrote arrays the operator had handed out (and met read-only ones).
+    return np.array(AY, dtype=A.dtype)
 
 
 # The scatter form's private (n, l) sums: as many as fit in this many bytes, at most 4 (a function
@@ -1018,8 +1019,8 @@ def check_symmetric(A, name="A"):
     rounding (a float32 ``X.T @ X`` from GEMM is symmetric to ``O(u)``, not exactly)."""
     if isinstance(A, LinearOperator):
         return
-    if sp.issparse(A):
-        asym, size = scipy.sparse.linalg.norm(A - A.T), scipy.sparse.linalg.norm(A)
+    if sp.issparse(A):  # frobenius_norm sums duplicates in a copy (SciPy's norm did it in A itself)
+        asym, size = frobenius_norm(A - A.T), frobenius_norm(A)
     else:
         n = A.shape[0]
         rows = max(1, SYMMETRY_BLOCK_BYTES // max(1, n * A.itemsize))

@@ -50,3 +50,92 @@ def test_sparse_duplicates_summed_in_floating_point_whatever_the_format(dtype, v
     expected = S @ dense
     for A in (coo, csr, sp.coo_array(coo), sp.csr_array(csr)):
         np.testing.assert_allclose(S @ A, expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("fn", [rsketch.eigh, rsketch.nystrom])
+def test_symmetric_functions_leave_a_sparse_input_untouched(fn):
+    # SciPy's sparse norm summed the caller's duplicates in place (nnz 3 -> 2) and sorted its
+    # indices, and met read-only buffers with "WRITEBACKIFCOPY base is read-only"
+    A = sp.csr_matrix(([1.0, 1.0, 2.0], [0, 0, 1], [0, 2, 3]), shape=(2, 2))
+    for a in (A.data, A.indices, A.indptr):
+        a.flags.writeable = False
+    fn(A, 1, oversample=0, seed=0)
+    assert A.nnz == 3 and A.data.tolist() == [1.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("fn", [rsketch.svd, rsketch.range_finder])
+def test_low_rank_functions_never_write_into_an_operators_results(fn):
+    # the basis was orthonormalised in the arrays rmatmat returned (2 of 3 overwritten), and
+    # read-only ones met "output array is read-only"
+    from scipy.sparse.linalg import LinearOperator
+
+    X = np.random.default_rng(0).standard_normal((200, 60))
+    handed = []
+
+    def product(M, V):
+        out = M @ V
+        out.flags.writeable = False
+        handed.append((out, out.copy()))
+        return out
+
+    L = LinearOperator(
+        X.shape,
+        matvec=lambda v: X @ v,
+        rmatvec=lambda v: X.T @ v,
+        matmat=lambda V: product(X, V),
+        rmatmat=lambda V: product(X.T, V),
+        dtype=np.float64,
+    )
+    fn(L, 3, seed=0)
+    assert handed and all(np.array_equal(a, b) for a, b in handed)
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [
+        np.asmatrix,
+        lambda X: X.astype(">f8"),
+        lambda X: sp.lil_matrix(X),
+        lambda X: sp.dok_matrix(X),
+        lambda X: sp.dia_matrix(X),
+        lambda X: sp.coo_array(X),
+    ],  # fmt: skip
+    ids=["matrix", "big-endian", "lil", "dok", "dia", "coo"],
+)
+def test_gram_operator_takes_every_layout(convert):
+    # np.matrix gave (1, p) products or broadcast errors, lil and dok met errors, '>f8' was refused
+    from rsketch.linalg import GramOperator
+
+    rng = np.random.default_rng(0)
+    X, w, v = rng.standard_normal((50, 4)), rng.uniform(size=50), rng.standard_normal(4)
+    ref = GramOperator(X, center=X.mean(axis=0), sample_weight=w)
+    G = GramOperator(convert(X), center=X.mean(axis=0), sample_weight=w)
+    np.testing.assert_allclose(G @ v, ref @ v, rtol=1e-13)
+    ones = np.ones(50)
+    np.testing.assert_allclose(G.transpose_weighted(ones), ref.transpose_weighted(ones), rtol=1e-13)
+
+
+def test_gram_operator_ignores_dia_padding():
+    # a DIA matrix stores its diagonals padded; NaN in the padding is no entry of X
+    from rsketch.linalg import GramOperator
+
+    D = sp.dia_matrix((np.array([[1.0, 2.0, 3.0]]), [1]), shape=(3, 3))  # data[0, 0] is padding
+    D.data[0, 0] = np.nan
+    G = GramOperator(D)
+    np.testing.assert_allclose(G @ np.ones(3), D.toarray().T @ D.toarray() @ np.ones(3))
+
+
+def test_ihs_allocates_no_copy_of_X():
+    # the design's scaling took its largest entry as max(|X|), a temporary the size of X
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((40_000, 50)), rng.standard_normal(40_000)
+    rsketch.lstsq(X, y, method="ihs", seed=0)  # compiled and warm
+    tracemalloc.start()
+    try:
+        rsketch.lstsq(X, y, method="ihs", seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < X.nbytes / 4

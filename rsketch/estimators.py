@@ -357,7 +357,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         elif is_non_numpy_array(intercept):
             self.intercept_ = intercept  # a 0-d or (n_targets,) array of the device, as scikit-learn's
         else:
-            self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
+            self.intercept_ = np.float64(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
 
     def _weighted_means(self, X, y, w, xp):
         """``(x_mean, y_mean)`` on the host: the columns' means weighted by ``w`` where an intercept
@@ -538,7 +538,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         self.coef_ = coef.T if coef.ndim == 2 else coef
         if not self.fit_intercept:  # as _set_coefficients: scikit-learn's 0.0
             intercept = 0.0
-        self.intercept_ = float(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
+        self.intercept_ = np.float64(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
         return self
 
     def __sklearn_tags__(self):
@@ -599,7 +599,7 @@ class SketchedLinearRegression(_SketchedLinearModel):
     >>> rng = np.random.default_rng(0)
     >>> X = rng.standard_normal((5000, 4)); y = X @ [1.0, 2.0, 0.0, -1.0] + 3.0
     >>> model = SketchedLinearRegression(random_state=0).fit(X, y)
-    >>> (np.round(model.coef_, 6) + 0.0).tolist(), round(model.intercept_, 6), model.solver_
+    >>> (np.round(model.coef_, 6) + 0.0).tolist(), round(float(model.intercept_), 6), model.solver_
     ([1.0, 2.0, 0.0, -1.0], 3.0, 'precondition')
     """
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import sklearn.exceptions
 
 
-class ConvergenceWarning(UserWarning):
+class ConvergenceWarning(sklearn.exceptions.ConvergenceWarning):
     """An iterative method stopped before meeting its ``tol``: a solver at ``max_iter``
     (``converged=False``), or the adaptive range finder at its largest basis (``rank`` columns).
 
+    A subclass of scikit-learn's (itself a ``UserWarning``), so that its filters,
+    ``ignore_warnings(category=...)`` and ``pytest.warns`` with scikit-learn's class catch it too.
+
     Examples
     --------
-    >>> import warnings, rsketch
-    >>> issubclass(rsketch.ConvergenceWarning, UserWarning)
+    >>> import warnings, rsketch, sklearn.exceptions
+    >>> issubclass(rsketch.ConvergenceWarning, sklearn.exceptions.ConvergenceWarning)
     True
     """
 

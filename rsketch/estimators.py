@@ -77,8 +77,24 @@ def _follow(a, X):
         return a
     xp = array_api_compat.array_namespace(X)
     if array_api_compat.is_array_api_obj(a) and array_api_compat.array_namespace(a) is xp:
-        return a
+        # the same library, perhaps another device (whose arrays X's cannot be combined with)
+        return a if device(a) == device(X) else array_api_compat.to_device(a, device(X))
     return like(np.asarray(to_host(a)), X)
+
+
+def _on_host(a, name):
+    """``a`` (``y``, ``sample_weight``) for a NumPy ``X``: another library's array moved to the host
+    under scikit-learn's array API dispatch (as ``Ridge`` does; it had met an AttributeError), else a
+    ``TypeError`` naming it."""
+    if not is_non_numpy_array(a):
+        return a
+    if not sklearn.get_config()["array_api_dispatch"]:
+        library = type(a).__module__.split(".")[0]
+        raise TypeError(
+            f"{name} is a {library} array while X is a NumPy array: pass {name} as a NumPy array, or "
+            "enable scikit-learn's array API dispatch (sklearn.set_config(array_api_dispatch=True))"
+        )
+    return np.asarray(to_host(a))
 
 
 def _library_and_device(a):
@@ -327,6 +343,8 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         if device_input:
             _require_dispatch(X, "fit")
             y, sample_weight = (_follow(a, X) for a in (y, sample_weight))
+        else:
+            y, sample_weight = _on_host(y, "y"), _on_host(sample_weight, "sample_weight")
         if sp.issparse(y):
             raise TypeError(
                 f"y must be a dense array, got a sparse {type(y).__name__}: pass y.toarray() (scikit-learn's "

@@ -174,3 +174,24 @@ def test_device_input_without_dispatch_says_how_to_enable_it():
     X, y, _ = data(n=100, p=3)
     with pytest.raises(TypeError, match=r"array_api_dispatch=True"):
         SketchedLinearRegression().fit(on_device(X), on_device(y))
+
+
+@dispatch
+def test_y_of_another_library_or_device_follows_X():
+    xps = pytest.importorskip("array_api_strict")
+    X, y, _ = data()
+    ref = SketchedLinearRegression(random_state=0).fit(X, y).coef_
+    with sklearn.config_context(array_api_dispatch=True):
+        # a NumPy X and a y of another library: y to the host, as Ridge does (an AttributeError)
+        on_host = SketchedLinearRegression(random_state=0).fit(X, xps.asarray(y))
+        # X on the stand-in device, y on the default one: y to X's ("two different devices")
+        on_device_ = SketchedLinearRegression(random_state=0).fit(on_device(X), xps.asarray(y))
+    np.testing.assert_allclose(on_host.coef_, ref, rtol=1e-10)
+    np.testing.assert_allclose(host(on_device_.coef_), ref, rtol=1e-10)
+
+
+def test_y_of_another_library_without_dispatch_names_y():
+    xps = pytest.importorskip("array_api_strict")
+    X, y, _ = data()
+    with pytest.raises(TypeError, match="y is a array_api_strict array while X is a NumPy array"):
+        SketchedLinearRegression(random_state=0).fit(X, xps.asarray(y))

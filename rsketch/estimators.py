@@ -30,7 +30,7 @@ from rsketch._validation import (
 )
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
-from rsketch.linalg._common import frobenius_norm
+from rsketch.linalg._common import column_norms, frobenius_norm
 from rsketch.linalg._lowrank import RANGE_METHODS, check_passes
 from rsketch.operators import SketchOperator
 from rsketch.operators.base import canonical_csr
@@ -168,6 +168,13 @@ def _weighted_mean(weights, Z):
     return shift_down((v @ shift_down(Z, e)) / total, -e)
 
 
+def _data_norm(A, p) -> float:
+    """``||A[:, :p]||_F`` without overflow, for a NumPy, SciPy sparse or device ``A`` (on the host)."""
+    if is_non_numpy_array(A):
+        return frobenius_norm(column_norms(A[:, :p]))
+    return frobenius_norm(A[:, :p])
+
+
 def _intercept_exponent(A, sw) -> int:
     """The ``e`` with ``2**e ||sw||`` near the mean column norm ``||A||_F / sqrt(p)`` of a weighted
     sparse design (0 where either is zero): the scale of its intercept column."""
@@ -246,7 +253,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
                 A = sp.hstack([A, sp.csr_matrix(np.ldexp(sw, intercept_col)[:, None])], format="csr")
         b = (y - y_mean) * (sw[:, None] if y.ndim == 2 else sw)
         q = A.shape[1]
-        if alpha > 0 and not is_non_numpy_array(A) and math.sqrt(alpha) >= frobenius_norm(A[:, :p]):
+        if alpha > 0 and math.sqrt(alpha) >= _data_norm(A, p):
             return self._fit_penalty_dominated(A, b, alpha, x_mean, y_mean, y, intercept_col)
         if alpha > 0:
             pen = np.sqrt(alpha) * np.eye(q)
@@ -308,9 +315,10 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         B = A[:, :-1] if intercept_col is not None else A
         k = math.frexp(alpha)[1] // 2  # alpha / 4**k in [1/2, 2)
         eb = unit_exponent(float(max_abs(b)))
-        B, b = shift_down(B, k), shift_down(np.asarray(b, dtype=np.float64), eb)
-        G = np.asarray((B.T @ B).toarray() if sp.issparse(B) else B.T @ B, dtype=np.float64)
-        rhs = np.asarray(B.T @ b, dtype=np.float64)
+        B, b = shift_down(B, k), shift_down(b, eb)
+        # the p x p products on the host (a device X's are formed there, then moved)
+        G = np.asarray((B.T @ B).toarray() if sp.issparse(B) else to_host(B.T @ B), dtype=np.float64)
+        rhs = np.asarray(to_host(B.T @ b), dtype=np.float64)
         if intercept_col is not None:
             a = np.asarray(A[:, -1].toarray()).ravel()
             ea = unit_exponent(float(max_abs(a)))
@@ -326,11 +334,14 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             intercept = np.ldexp(theta, eb - ea + intercept_col)
         coef = np.ldexp(coef, eb - k)
         if intercept_col is None:
-            intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+            means = (to_host(y_mean), to_host(x_mean))  # a device X's, on the host
+            intercept = means[0] - means[1] @ coef if self.fit_intercept else np.zeros(y.shape[1:])
         if not (np.isfinite(coef).all() and np.isfinite(intercept).all()):
             raise ValueError(
                 f"the ridge solution for alpha={alpha:g} is beyond the float range: scale y, or X and alpha"
             )
+        if is_non_numpy_array(y):  # the answer on X's device, as the other paths give it
+            coef, intercept = like(coef, y), like(np.asarray(intercept), y)
         self.n_iter_, self.solver_ = 0, "cholesky"
         self._set_coefficients(coef, intercept)
         return self
@@ -523,17 +534,20 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             sample_weight = sample_weight.compute()
         w = _check_sample_weight(sample_weight, y, dtype=np.float64, ensure_non_negative=True)
         sw = da.from_array(np.sqrt(w), chunks=(X.chunks[0],))[:, None]
-        if self.fit_intercept:  # one pass for the weighted column means
-            v = _mean_weights(w, np)
-            x_mean = np.zeros(p)
-            if v is not None:
-                x_mean = (da.from_array(v[0], chunks=(X.chunks[0],)) @ X).compute() / v[1]
-            y_mean = _weighted_mean(v, y) if v is not None else np.zeros(y.shape[1:])
-            A = (X - x_mean) * sw
-        else:
-            x_mean, y_mean = np.zeros(p), np.zeros(y.shape[1:])
-            A = X * sw
+        # one pass for the weighted column means and, for ridge, sum_i w_i ||x_i||^2 >= ||A||_F^2
+        # (centring only lowers it), which tells a penalty that dominates the data
+        v = _mean_weights(w, np) if self.fit_intercept else None
+        chunked = lambda a: da.from_array(a, chunks=(X.chunks[0],))  # noqa: E731
+        means = [] if v is None else [chunked(v[0]) @ X]
+        squares = [chunked(w) @ (X * X).sum(axis=1)] if alpha > 0 else []
+        computed = da.compute(*means, *squares)
+        x_mean = computed[0] / v[1] if v is not None else np.zeros(p)
+        y_mean = _weighted_mean(v, y) if v is not None else np.zeros(y.shape[1:])
+        A = (X - x_mean) * sw if self.fit_intercept else X * sw
         b = (y - y_mean) * (np.sqrt(w)[:, None] if y.ndim == 2 else np.sqrt(w))
+        if alpha > 0 and alpha >= float(computed[-1]):  # in memory's Cholesky, X.T X in one more pass
+            self._fit_penalty_dominated(A, b, alpha, x_mean, y_mean, y, None)
+            return self._dask_fitted(p)
         if alpha > 0:
             A = da.concatenate([A, da.from_array(np.sqrt(alpha) * np.eye(p), chunks=(p, p))], axis=0)
             b = np.concatenate([b, np.zeros((p,) + b.shape[1:])])
@@ -550,13 +564,13 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             res = lstsq(A, b, sketch=self.sketch, sketch_size=r, method=self.method, seed=self.random_state)
             coef, self.n_iter_, self.solver_ = res.coef, int(res.iterations), self.method
         intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(y.shape[1:])
+        self._set_coefficients(coef, intercept)
+        return self._dask_fitted(p)
+
+    def _dask_fitted(self, p):
         self.n_features_in_ = p
         if hasattr(self, "feature_names_in_"):  # a Dask array has no column names: a refit forgets them
             del self.feature_names_in_
-        self.coef_ = coef.T if coef.ndim == 2 else coef
-        if not self.fit_intercept:  # as _set_coefficients: scikit-learn's 0.0
-            intercept = 0.0
-        self.intercept_ = np.float64(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
         return self
 
     def __sklearn_tags__(self):

@@ -166,3 +166,20 @@ def test_adaptive_range_finder_near_overflow(dtype, top):
     A = (A / np.abs(A).max() * top).astype(dtype)
     with pytest.raises(ValueError, match="products with A are not finite"):
         rsketch.range_finder(A, 10, tol=top * 1e-3, seed=0)
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("alpha, scale", [(1e70, 1.0), (1.0, 1e-35)])
+def test_dask_ridge_takes_the_cholesky_path_where_the_penalty_dominates(fit_intercept, alpha, scale):
+    # the augmented sketch swamped the data rows: coef_ 6-10 times off Ridge's, with no warning
+    da = pytest.importorskip("dask.array")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3000, 6)) * scale
+    y = X @ np.arange(6.0) / scale + 1 + rng.standard_normal(3000)
+    w = rng.uniform(0.5, 2.0, 3000)
+    ref = Ridge(alpha=alpha, solver="cholesky", fit_intercept=fit_intercept).fit(X, y, sample_weight=w)
+    model = rsketch.SketchedRidge(alpha=alpha, fit_intercept=fit_intercept, random_state=0)
+    model.fit(da.from_array(X, chunks=(500, 6)), da.from_array(y, chunks=500), sample_weight=w)
+    assert model.solver_ == "cholesky"
+    assert _rel(model.coef_, ref.coef_) < 1e-12
+    assert abs(model.intercept_ - ref.intercept_) <= 1e-12 * max(1.0, abs(ref.intercept_))

@@ -1,9 +1,10 @@
 """Chat templates from a model file, rendered as untrusted code: jinja2's sandbox, its work bounded.
 
-:func:`compile_chat_template` gives a :class:`ChatEnvironment` (one per rendering: it holds the
-counters) and the template, rewritten so that its loops, outputs and concatenations are counted;
-:meth:`decoding.Tokenizer.apply_chat_template` renders it. A template that goes past a bound raises
-:class:`TemplateLimit`, a ``ValueError`` naming ``tokenizer.chat_template``.
+:func:`compile_chat_template` gives a :class:`ChatEnvironment` (it holds each thread's counters) and
+the template, rewritten so that its loops, outputs and concatenations are counted;
+:meth:`decoding.Tokenizer.apply_chat_template` compiles it once and renders it at each call. A
+template that goes past a bound raises :class:`TemplateLimit`, a ``ValueError`` naming
+``tokenizer.chat_template``.
 
 Examples
 --------
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 
 from jinja2 import nodes, pass_context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 __all__ = [
+    "TEMPLATE_SOURCE_CHARS",
     "TEMPLATE_CHARS",
     "TEMPLATE_STEPS",
     "ChatEnvironment",
@@ -42,6 +45,9 @@ __all__ = [
 # written, larger than a prompt could need (the messages' own text is allowed four times over).
 TEMPLATE_STEPS = 200_000  # a second or two at most; the SmolLM2 template takes one per message
 TEMPLATE_CHARS = 1 << 20  # characters (or items) of any value, beyond 4x the messages' text
+#: Longest template source compiled (characters). Real chat templates are a few KB (SmolLM2's is 368
+#: characters); 700 KB of template had taken 9 s and 1.2 GB to compile, at every chat prompt.
+TEMPLATE_SOURCE_CHARS = 1 << 16
 
 
 class TemplateLimit(ValueError):
@@ -70,11 +76,17 @@ def _number_over(text: str, limit: int) -> int | None:
     return None
 
 
+# a replacement field inside a str.format spec ("{0:>{1}}"), whose width then comes from an argument
+_NESTED_FIELD = re.compile(r"\{[^{}]*:[^{}]*\{")
+
+
 def _amplified_size(name: str, value, args: tuple, kwargs: dict, method: bool) -> int:
-    """Characters a ``replace``, ``join`` or ``indent`` (filter or ``str`` method) would produce,
-    computed before it runs: they multiply one string by another's length or by a line count, so
-    checking their result afterwards would come after the allocation. ``value`` is the filtered
-    value, or the string whose method (``method``) is called. 0 for anything else."""
+    """Characters a ``replace``, ``join``, ``indent``, ``expandtabs`` or ``translate`` (filter or
+    ``str`` method) would produce, computed before it runs: they multiply one string by another's
+    length or by a line count, so checking their result afterwards would come after the allocation
+    (``expandtabs(1000000)`` of 300 tabs had built 300 MB first); for a ``sum`` filter of lists, the
+    items it would copy (:func:`_sum_size`). ``value`` is the filtered value, or the string whose
+    method (``method``) is called. 0 for anything else."""
     try:
         if name == "replace":
             old, new = (list(args) + [kwargs.get("old"), kwargs.get("new")])[:2]
@@ -92,9 +104,33 @@ def _amplified_size(name: str, value, args: tuple, kwargs: dict, method: bool) -
             width = (list(args) + [kwargs.get("width", 4)])[0]
             w = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
             return len(value) + (value.count("\n") + 1) * w
+        elif name == "expandtabs" and isinstance(value, str):  # each tab up to tabsize spaces
+            size = (list(args) + [kwargs.get("tabsize", 8)])[0]
+            return len(value) + value.count("\t") * max(size, 0) if isinstance(size, int) else 0
+        elif name == "translate" and isinstance(value, str) and args:  # each character to a string
+            table = args[0]
+            if isinstance(table, (dict, str, list, tuple)):  # not a generator: it would be used up
+                texts = table.values() if isinstance(table, dict) else table
+                return len(value) * max([len(x) for x in texts if isinstance(x, str)] + [1])
+        elif name == "sum" and not method:
+            return _sum_size(value, args, kwargs)
     except TypeError:
         pass
     return 0
+
+
+def _sum_size(items, args: tuple, kwargs: dict) -> int:
+    """Items a ``sum`` filter of lists would copy: each addition copies the sum so far, so ``40``
+    lists of a million items took 5 s and 40M items, and a million one-item lists would take hours
+    at a final length of a million. 0 for a sum of numbers or with ``attribute``."""
+    attribute, start = (list(args) + [kwargs.get("attribute"), kwargs.get("start", 0)])[:2]
+    if attribute is not None or not isinstance(start, (list, tuple)) or not isinstance(items, (list, tuple)):
+        return 0
+    copied = length = len(start)
+    for x in items:
+        length += len(x) if isinstance(x, (list, tuple)) else 0
+        copied += length
+    return copied
 
 
 def _internal(node, name):
@@ -126,18 +162,19 @@ class ChatEnvironment(ImmutableSandboxedEnvironment):
     rewritten (:class:`_Bounded`) so that every ``for`` loop counts its iterations, every output
     counts its characters and every ``~`` concatenation is checked for size; ``range`` items, calls
     and filters count too, up to :data:`TEMPLATE_STEPS` in all. Products (``*``, ``**``, ``+``,
-    ``%``), ``replace``, ``join`` and ``indent`` are sized before they run, integer arguments of
-    calls and filters above ``max_chars`` are refused, and every value a call or filter returns is
-    sized after. Each instance belongs to one :meth:`decoding.Tokenizer.apply_chat_template` call
-    (the counters are its state), never shared between threads.
+    ``%``), ``replace``, ``join``, ``indent``, ``expandtabs``, ``translate`` and a ``sum`` of lists
+    are sized before they run, integer arguments of calls and filters above ``max_chars`` (and
+    numbers in the string arguments of a ``format`` whose widths are fields) are refused, and every
+    value a call or filter returns is sized after. The counters belong to the calling thread and
+    :meth:`start` resets them before each rendering, so one instance (a tokenizer's) may render in
+    several threads at once.
     """
 
     intercepted_binops = frozenset({"+", "*", "**", "%"})
 
     def __init__(self, max_chars: int = TEMPLATE_CHARS):
         super().__init__(trim_blocks=True, lstrip_blocks=True)
-        self.max_chars = int(max_chars)
-        self.start()
+        self._counters = _Counters(int(max_chars))  # each thread its own (a tokenizer compiles once)
         self.globals["range"] = self._range  # its items count as steps
         self.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs: of no use to a prompt
         self.filters = {name: self._bounded_filter(name, f) for name, f in self.filters.items()}
@@ -161,9 +198,19 @@ class ChatEnvironment(ImmutableSandboxedEnvironment):
 
         self.filters.update(_chat_counted=counted, _chat_emit=emit, _chat_sized=sized)
 
-    def start(self) -> None:
-        """Reset the counters (before each rendering)."""
-        self.steps, self.emitted = TEMPLATE_STEPS, 0
+    def start(self, max_chars: int | None = None) -> None:
+        """Reset this thread's counters before a rendering; ``max_chars``: its size bound (default
+        the environment's)."""
+        c = self._counters
+        c.steps, c.emitted = TEMPLATE_STEPS, 0
+        c.max_chars = c.default if max_chars is None else int(max_chars)
+
+    # the counters, read and written as attributes, are the calling thread's
+    steps = property(lambda self: self._counters.steps, lambda self, n: setattr(self._counters, "steps", n))
+    emitted = property(
+        lambda self: self._counters.emitted, lambda self, n: setattr(self._counters, "emitted", n)
+    )
+    max_chars = property(lambda self: self._counters.max_chars)
 
     def charge(self, n: int) -> None:
         self.steps -= n
@@ -183,15 +230,22 @@ class ChatEnvironment(ImmutableSandboxedEnvironment):
             if isinstance(a, int) and abs(a) > self.max_chars:
                 raise over("passes the integer", abs(a), self.max_chars)
 
-    def check_format(self, fmt) -> None:
-        n = _number_over(fmt, self.max_chars) if isinstance(fmt, str) else None
-        if n is not None:
-            raise over("formats with a width or precision of", n, self.max_chars)
+    def check_format(self, fmt, args=(), kwargs=None) -> None:
+        if not isinstance(fmt, str):
+            return
+        texts = [fmt]
+        if _NESTED_FIELD.search(fmt):  # '{0:>{1}}'.format('a', '300000000'): the width is an argument
+            texts += [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, str)]
+        for text in texts:
+            n = _number_over(text, self.max_chars)
+            if n is not None:
+                raise over("formats with a width or precision of", n, self.max_chars)
 
     def check_amplified(self, name, value, args, kwargs, method=False) -> None:
         n = _amplified_size(name, value, args, kwargs, method)
         if n > self.max_chars:
-            raise over(f"would build by {name} a string of length", n, self.max_chars)
+            what = f"would build by {name} a string of length"
+            raise over("would copy by sum list items:" if name == "sum" else what, n, self.max_chars)
 
     def _range(self, *args):
         r = range(*args)
@@ -224,7 +278,7 @@ class ChatEnvironment(ImmutableSandboxedEnvironment):
         owner, name = getattr(fn, "__self__", None), getattr(fn, "__name__", "")
         if isinstance(owner, str):
             if name in ("format", "format_map"):
-                __self.check_format(owner)
+                __self.check_format(owner, args, kwargs)
             __self.check_amplified(name, owner, args, kwargs, method=True)
         return __self.sized(super().call(__context, __obj, *args, **kwargs))
 
@@ -235,6 +289,10 @@ class ChatEnvironment(ImmutableSandboxedEnvironment):
             if bits > 8 * self.max_chars:
                 raise over("raises an integer to a power of bits about", bits, 8 * self.max_chars)
         elif operator == "*":
+            if isinstance(left, int) and isinstance(right, int):  # 2**4000000, squared three times
+                bits = abs(left).bit_length() + abs(right).bit_length()
+                if bits > 8 * self.max_chars:
+                    raise over("multiplies integers to bits about", bits, 8 * self.max_chars)
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, seqs) and isinstance(n, int) and len(seq) * n > self.max_chars:
                     raise over(f"repeats a {type(seq).__name__} to length", len(seq) * n, self.max_chars)
@@ -251,6 +309,15 @@ class ChatEnvironment(ImmutableSandboxedEnvironment):
         tree = _Bounded().visit(self.parse(source))
         tree.set_environment(self)
         return self.from_string(tree)
+
+
+class _Counters(threading.local):
+    """One thread's counters of a :class:`ChatEnvironment`: steps left, characters written, the
+    size bound. A thread starts with fresh ones (``threading.local`` runs ``__init__`` per thread)."""
+
+    def __init__(self, max_chars: int):
+        self.default = self.max_chars = max_chars
+        self.steps, self.emitted = TEMPLATE_STEPS, 0
 
 
 class _Counted:
@@ -272,7 +339,22 @@ class _Counted:
 
 def compile_chat_template(source: str, max_chars: int = TEMPLATE_CHARS):
     """``(environment, template)`` of a chat template; ``ValueError`` naming the GGUF key when it is
-    not valid jinja2 (a syntax error, an unknown filter or test)."""
+    longer than :data:`TEMPLATE_SOURCE_CHARS` or not valid jinja2 (a syntax error, an unknown filter
+    or test). Both can be kept and rendered again, from any thread: :meth:`ChatEnvironment.start`
+    resets the calling thread's counters before each rendering.
+
+    Examples
+    --------
+    >>> compile_chat_template("{{ x }}" * 10_000)
+    Traceback (most recent call last):
+    ...
+    decoding._chat_template.TemplateLimit: tokenizer.chat_template has 70,000 characters, over the 65,536 ...
+    """
+    if len(source) > TEMPLATE_SOURCE_CHARS:
+        raise TemplateLimit(
+            f"tokenizer.chat_template has {len(source):,} characters, over the {TEMPLATE_SOURCE_CHARS:,} "
+            "a chat template may have (real ones have a few thousand): not compiled"
+        )
     env = ChatEnvironment(max_chars)
     try:
         return env, env.compile_chat_template(source)

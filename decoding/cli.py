@@ -210,6 +210,15 @@ def main(argv=None) -> int:
         command.error(f"--max-draft must be >= 1, got {args.max_draft}")
     try:
         return _generate(args) if args.command == "generate" else _demo(args)
-    except (ValueError, TypeError, MemoryError, ModuleNotFoundError, FileNotFoundError, OSError) as e:
+    # FloatingPointError: non-finite logits (a model file whose weights overflow the activations)
+    except (
+        ValueError,
+        TypeError,
+        MemoryError,
+        ModuleNotFoundError,
+        FileNotFoundError,
+        OSError,
+        FloatingPointError,
+    ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

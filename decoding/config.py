@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gguf_reader import describe_value
+from .gguf_reader import describe_value, quoted
 
 __all__ = ["LlamaConfig"]
 
@@ -82,7 +82,7 @@ class LlamaConfig:
         if arch is not None and not isinstance(arch, str):
             raise ValueError(f"GGUF general.architecture must be a string, got {describe_value(arch)}")
         if arch != "llama":
-            raise ValueError(f"GGUF general.architecture is {arch!r}; only 'llama' is supported")
+            raise ValueError(f"GGUF general.architecture is {quoted(arch)}; only 'llama' is supported")
 
         def get(key, kind, default=None):
             full = f"llama.{key}"
@@ -125,4 +125,30 @@ class LlamaConfig:
             raise ValueError(
                 f"llama.rope.dimension_count {rope_dims} != head_dim {cfg.head_dim} (partial RoPE)"
             )
+        _check_rope_scaling(md)
         return cfg
+
+
+def _check_rope_scaling(md: dict) -> None:
+    """``ValueError`` for RoPE scaling in the metadata, which llama.cpp applies and we do not.
+
+    llama.cpp divides the frequencies by ``llama.rope.scaling.factor`` (or the older
+    ``llama.rope.scale_linear``; 0 reads as 1) unless ``llama.rope.scaling.type`` is ``"none"``,
+    whose default is ``"linear"``. A file with a factor of 8 had loaded here and generated with
+    unscaled positions, silently unlike llama.cpp.
+    """
+    kind = md.get("llama.rope.scaling.type", "linear")
+    if not isinstance(kind, str):
+        raise ValueError(f"GGUF llama.rope.scaling.type must be a string, got {describe_value(kind)}")
+    for key in ("llama.rope.scaling.factor", "llama.rope.scale_linear"):
+        if key not in md:
+            continue
+        factor = md[key]
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise ValueError(f"GGUF {key} must be a number, got {describe_value(factor)}")
+        if kind != "none" and factor not in (0, 1):
+            raise ValueError(
+                f"GGUF {key} is {factor!r} with llama.rope.scaling.type {describe_value(kind)}: scaled "
+                "RoPE is not supported (only no scaling: a factor of 1, or the type 'none')"
+            )
+        return  # the first key present is the one llama.cpp reads

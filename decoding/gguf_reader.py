@@ -24,7 +24,15 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-__all__ = ["GGUFFile", "TensorInfo", "read_gguf", "dequantize", "describe_value", "SUPPORTED_TYPES"]
+__all__ = [
+    "GGUFFile",
+    "TensorInfo",
+    "read_gguf",
+    "dequantize",
+    "describe_value",
+    "quoted",
+    "SUPPORTED_TYPES",
+]
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -65,6 +73,28 @@ _NP_SCALARS = {
     GGUFValueType.INT64: "<i8",
     GGUFValueType.FLOAT64: "<f8",
 }
+
+
+#: Characters of a name from a file (a key, a tensor name) that an error message quotes: a 20 MB
+#: tensor name had been printed whole.
+NAME_CHARS = 64
+
+
+def quoted(name, limit: int = NAME_CHARS) -> str:
+    """``repr`` of a name read from a file, cut to its first ``limit`` characters ("..." after).
+
+    Error messages quote keys and tensor names; the file sets their length.
+
+    Examples
+    --------
+    >>> quoted("blk.0.attn_q.weight")
+    "'blk.0.attn_q.weight'"
+    >>> quoted("A" * 20_000_000 + "token_embd.weight")
+    "'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'... (20000017 characters)"
+    """
+    if isinstance(name, str) and len(name) > limit:
+        return f"{name[:limit]!r}... ({len(name)} characters)"
+    return repr(name)
 
 
 def describe_value(v) -> str:
@@ -149,14 +179,17 @@ class GGUFFile:
         info = self._info(name)
         out = dequantize(self.raw(name), info.ggml_type, info.shape, dtype=dtype)
         if not np.isfinite(out).all():
-            raise ValueError(f"tensor {name!r} dequantizes to non-finite values (corrupt data?)")
+            raise ValueError(
+                f"GGUF file {self.path}: tensor {quoted(name)} dequantizes to non-finite values "
+                "(corrupt data?)"
+            )
         return out
 
     def _info(self, name: str) -> TensorInfo:
         try:
             return self.tensors[name]
         except KeyError:
-            raise KeyError(f"GGUF file {self.path} has no tensor {name!r}") from None
+            raise KeyError(f"GGUF file {self.path} has no tensor {quoted(name)}") from None
 
 
 def dequantize(raw: np.ndarray, ggml_type, shape: tuple[int, ...], *, dtype=np.float32) -> np.ndarray:
@@ -201,6 +234,32 @@ def dequantize(raw: np.ndarray, ggml_type, shape: tuple[int, ...], *, dtype=np.f
     if out.size != n:
         raise ValueError(f"tensor data holds {out.size} values, shape {shape} needs {n}")
     return out.reshape(shape)
+
+
+def _tensor_info(path, name, dims, raw_type, start, seen) -> TensorInfo:
+    """The :class:`TensorInfo` of one tensor record, its name, type and dimensions checked."""
+    if name in seen:
+        raise ValueError(f"GGUF file {path}: tensor {quoted(name)} appears twice")
+    try:
+        ggml_type = GGMLQuantizationType(raw_type)
+    except ValueError:
+        raise ValueError(f"GGUF file {path}: tensor {quoted(name)} has unknown type id {raw_type}") from None
+    if ggml_type not in GGML_QUANT_SIZES:
+        raise ValueError(
+            f"GGUF file {path}: tensor {quoted(name)} has type {ggml_type.name} with unknown block size"
+        )
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"GGUF file {path}: tensor {quoted(name)} has a non-positive dimension in {dims}")
+    n = 1
+    for d in dims:
+        n *= d
+    block, type_size = GGML_QUANT_SIZES[ggml_type]
+    if dims[0] % block:
+        raise ValueError(
+            f"GGUF file {path}: tensor {quoted(name)}: row length {dims[0]} is not a multiple of the "
+            f"{ggml_type.name} block size {block}"
+        )
+    return TensorInfo(name, tuple(reversed(dims)), ggml_type, start, n // block * type_size)
 
 
 class _Cursor:
@@ -279,7 +338,9 @@ def read_gguf(path) -> GGUFFile:
     """Parse the header, metadata and tensor records of the GGUF file at ``path``.
 
     Every count, length, type, shape and offset is validated; a truncated or corrupt file raises
-    ``ValueError`` naming the problem. Tensor data stays in the memory map until :meth:`GGUFFile.tensor`.
+    ``ValueError`` naming the problem. As in llama.cpp, each tensor's data must start where the
+    previous tensor's ends, padded to the alignment (no overlap, no gap). Tensor data stays in the
+    memory map until :meth:`GGUFFile.tensor`.
 
     Examples
     --------
@@ -314,55 +375,56 @@ def read_gguf(path) -> GGUFFile:
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
         if key in metadata:
-            raise ValueError(f"GGUF metadata key {key!r} appears twice")
-        vtype = cur.u32(f"type of metadata {key!r}")
-        metadata[key] = cur.value(vtype, f"metadata {key!r}")
+            raise ValueError(f"GGUF metadata key {quoted(key)} appears twice")
+        vtype = cur.u32(f"type of metadata {quoted(key)}")
+        metadata[key] = cur.value(vtype, f"metadata {quoted(key)}")
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise ValueError(f"GGUF general.alignment must be a power of two, got {alignment!r}")
+    # the spec's type is UINT32: a BOOL True (an int to Python) had been read as alignment 1
+    if (
+        isinstance(alignment, bool)
+        or not isinstance(alignment, int)
+        or alignment <= 0
+        or alignment & (alignment - 1)
+    ):
+        raise ValueError(
+            f"GGUF file {path}: general.alignment must be an unsigned integer power of two, got "
+            f"{describe_value(alignment)}"
+        )
 
     records = []
     for i in range(n_tensors):
         name = cur.string(f"tensor name #{i}")
-        n_dims = cur.u32(f"dimension count of tensor {name!r}")
+        shown = quoted(name)
+        n_dims = cur.u32(f"dimension count of tensor {shown}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise ValueError(f"GGUF tensor {name!r} has {n_dims} dimensions (expected 1..{MAX_DIMS})")
-        dims = [cur.u64(f"dimension {j} of tensor {name!r}") for j in range(n_dims)]
-        raw_type = cur.u32(f"type of tensor {name!r}")
-        offset = cur.u64(f"offset of tensor {name!r}")
+            raise ValueError(
+                f"GGUF file {path}: tensor {shown} has {n_dims} dimensions (expected 1..{MAX_DIMS})"
+            )
+        dims = [cur.u64(f"dimension {j} of tensor {shown}") for j in range(n_dims)]
+        raw_type = cur.u32(f"type of tensor {shown}")
+        offset = cur.u64(f"offset of tensor {shown}")
         records.append((name, dims, raw_type, offset))
 
     data_start = -(-cur.pos // alignment) * alignment
     tensors: dict[str, TensorInfo] = {}
+    expected = 0  # where the next tensor's data must start, relative to data_start
     for name, dims, raw_type, offset in records:
-        if name in tensors:
-            raise ValueError(f"GGUF tensor {name!r} appears twice")
-        try:
-            ggml_type = GGMLQuantizationType(raw_type)
-        except ValueError:
-            raise ValueError(f"GGUF tensor {name!r} has unknown type id {raw_type}") from None
-        if ggml_type not in GGML_QUANT_SIZES:
-            raise ValueError(f"GGUF tensor {name!r} has type {ggml_type.name} with unknown block size")
-        if any(d <= 0 for d in dims):
-            raise ValueError(f"GGUF tensor {name!r} has a non-positive dimension in {dims}")
-        n = 1
-        for d in dims:
-            n *= d
-        block, type_size = GGML_QUANT_SIZES[ggml_type]
-        if dims[0] % block:
+        info = _tensor_info(path, name, dims, raw_type, data_start + offset, tensors)
+        # As llama.cpp's gguf_init_from_file: each tensor's data follows the previous one's, padded
+        # to the alignment. Without this, 280 tensors of a 2.7 MB file had all pointed at the same
+        # 1 MB (43 GB of weights once loaded), and an F32 norm re-typed F16 left a gap and loaded.
+        if offset != expected:
             raise ValueError(
-                f"GGUF tensor {name!r}: row length {dims[0]} is not a multiple of the "
-                f"{ggml_type.name} block size {block}"
+                f"GGUF file {path}: tensor {quoted(name)} has data offset {offset}, expected {expected} "
+                f"(each tensor's data must follow the previous tensor's, padded to {alignment} bytes): "
+                "overlapping or misplaced tensor data, or a wrong type or shape"
             )
-        nbytes = n // block * type_size
-        if offset % alignment:
-            raise ValueError(f"GGUF tensor {name!r} offset {offset} is not aligned to {alignment}")
-        start = data_start + offset
-        if start + nbytes > size:
+        if info.offset + info.nbytes > size:
             raise ValueError(
-                f"GGUF tensor {name!r} ({nbytes} bytes at offset {start}) runs past the end of the "
-                f"file ({size} bytes): truncated?"
+                f"GGUF file {path}: tensor {quoted(name)} ({info.nbytes} bytes at offset {info.offset}) "
+                f"runs past the end of the file ({size} bytes): truncated?"
             )
-        tensors[name] = TensorInfo(name, tuple(reversed(dims)), ggml_type, start, nbytes)
+        expected += -(-info.nbytes // alignment) * alignment
+        tensors[name] = info
     return GGUFFile(path, version, metadata, tensors, alignment, buf)

@@ -23,6 +23,8 @@ The measurements behind each of these choices are in ``docs/decoding.md`` (secti
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -304,12 +306,27 @@ def swiglu(gate_up):
 @njit(fastmath=_FM, error_model="numpy", cache=True)
 def _rms_norm(x, w, eps, out):  # pragma: no cover - compiled
     T, d = x.shape
+    zero = eps - eps  # zero in the data's dtype (a Python 0 would promote float32 to float64)
     for t in range(T):
         xt = x[t]
-        ss = eps - eps  # zero in the data's dtype (a Python 0 would promote float32 to float64)
+        ss = zero
         for i in range(d):
             ss += xt[i] * xt[i]
-        s = np.sqrt(ss / d + eps)
+        if math.isfinite(ss):
+            s = np.sqrt(ss / d + eps)
+        else:
+            # The squares overflowed: float32 activations of 1e20 (finite weights can give them)
+            # had summed to inf, w / s to 0 and every logit to 0, and greedy decoding had emitted
+            # token 0. The same sum over x / max|x|, then scaled back: s = m sqrt(mean((x/m)^2) +
+            # eps/m^2). A row holding inf or NaN gives NaN here, which the logits' check reports.
+            # Only the overflowed rows take this branch: the usual rows keep their bits and speed.
+            m = zero
+            for i in range(d):
+                m = max(m, abs(xt[i]))
+            ss = zero
+            for i in range(d):
+                ss += (xt[i] / m) * (xt[i] / m)
+            s = m * np.sqrt(ss / d + eps / m / m)
         for i in range(d):
             out[t, i] = xt[i] * (w[i] / s)
 
@@ -318,12 +335,17 @@ def rms_norm(x, w, eps):
     """RMS norm of the rows of ``x`` ``[T, d]`` times ``w`` ``[d]``: ``x * (w / sqrt(mean(x**2) + eps))``.
 
     NumPy float arrays take one compiled pass per row (five NumPy calls cost 10-35 us a norm, 60 of
-    them per decode step); other namespaces (CuPy) the same formula in array operations.
+    them per decode step), and a row whose squares overflow (float32 values from about 1e19) is
+    summed again over ``x / max|x|``: it is normalized, not zeroed. Other namespaces (CuPy) use the
+    same formula in array operations, where an overflowed row gives NaN (the logits' check then
+    raises) rather than zeros.
 
     Examples
     --------
     >>> rms_norm(np.array([[3.0, 4.0]]), np.array([1.0, 2.0]), 0.0).round(4).tolist()
     [[0.8485, 2.2627]]
+    >>> rms_norm(np.array([[3e20, 4e20]], np.float32), np.array([1.0, 2.0], np.float32), 1e-5).round(4)
+    array([[0.8485, 2.2627]], dtype=float32)
     """
     xp = namespace(x)
     if xp is np and x.ndim == 2 and x.dtype in (np.float32, np.float64) and w.dtype == x.dtype:
@@ -331,7 +353,10 @@ def rms_norm(x, w, eps):
         _rms_norm(np.ascontiguousarray(x), w, x.dtype.type(eps), out)
         return out
     ms = xp.sum(x * x, axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]
-    return x * (w / xp.sqrt(ms + eps))
+    s = xp.sqrt(ms + eps)
+    # an overflowed sum (inf) would give w / s = 0, rows of zeros; inf - inf makes them NaN (two
+    # operations on [T, 1], where rescaling like the compiled kernel would take four on [T, d])
+    return x * (w / (s + (s - s)))
 
 
 @njit(fastmath=_FM, inline="always")

@@ -804,6 +804,11 @@ def _check_noise_scale(X, beta, sigma, n_noise) -> None:
     spread = math.sqrt(p / n)
     low = max(1e-145 / spread, 1e-8 * scale / spread)
     high = 1e150 / (7.0 * math.sqrt(n * (n_noise + 1.0))) - scale / 7.0
+    if not low <= high:  # no sigma will do: X @ beta is too large (the range read [7.9e293, -1.6e300])
+        raise ValueError(
+            f"beta is too large for method='simulate': max|X @ beta| = {scale:.3g}, whose squared errors "
+            "would overflow at any sigma. The efficiencies do not depend on beta: beta=None is safe"
+        )
     if not low <= sigma <= high:
         raise ValueError(
             f"sigma must lie in [{low:.3g}, {high:.3g}] for method='simulate' with this X, beta and "

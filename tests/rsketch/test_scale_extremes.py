@@ -183,3 +183,10 @@ def test_dask_ridge_takes_the_cholesky_path_where_the_penalty_dominates(fit_inte
     assert model.solver_ == "cholesky"
     assert _rel(model.coef_, ref.coef_) < 1e-12
     assert abs(model.intercept_ - ref.intercept_) <= 1e-12 * max(1.0, abs(ref.intercept_))
+
+
+def test_efficiency_simulate_beta_too_large_is_named():
+    # X @ beta finite (1e301) but no sigma could work: the error gave the range [7.9e293, -1.6e300]
+    X = np.random.default_rng(0).standard_normal((500, 10))
+    with pytest.raises(ValueError, match="beta is too large for method='simulate'"):
+        rsketch.efficiency(X, sketch="gaussian", sketch_size=50, method="simulate", beta=np.full(10, 1e300))

@@ -176,6 +176,9 @@ def check_operand(
     """
     why = f" ({rows_label})" if rows_label else ""
     if sp.issparse(A):
+        sparse_vector = A.ndim == 1  # SciPy's 1-D coo_array: a vector, as a dense 1-D array is
+        if sparse_vector:
+            A = A.reshape((A.shape[0], 1))
         if A.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got a sparse array with {A.ndim} dimensions")
         dt = _float_dtype_for(A.dtype, name)
@@ -189,7 +192,7 @@ def check_operand(
         A = A.tocsr() if A.format not in _SPARSE_OK or A.format == "coo" else A
         if check_finite_values:
             check_finite(A, name)
-        return A, False
+        return A, sparse_vector
     if isinstance(A, np.ndarray) and type(A) is not np.ndarray:
         A = _plain_ndarray(A, name)
     if not hasattr(A, "__array_namespace__") and not isinstance(A, np.ndarray):
@@ -238,6 +241,10 @@ def check_real_vector(value, length: int, name: str) -> np.ndarray:
     """
     if isinstance(value, np.ma.MaskedArray):
         value = _plain_ndarray(value, name)
+    if sp.issparse(value):  # np.asarray made it a 0-d object array: "got dtype object"
+        raise TypeError(
+            f"{name} must be a dense 1-D array, got a sparse {type(value).__name__}: pass {name}.toarray()"
+        )
     try:
         v = np.asarray(value)
     except (TypeError, ValueError) as exc:

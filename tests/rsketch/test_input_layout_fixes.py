@@ -139,3 +139,19 @@ def test_ihs_allocates_no_copy_of_X():
     finally:
         tracemalloc.stop()
     assert peak < X.nbytes / 4
+
+
+def test_one_dimensional_sparse_arrays_are_vectors():
+    # S @ coo_array(v) was refused as not 2-D (lstsq took the same y), and coo_array(z) @ S
+    # said "Z must be 2-D", an operand the caller never wrote
+    S = rsketch.make_sketch("sparse_sign", 200, 20, seed=0)
+    v, z = np.arange(200.0), np.arange(20.0)
+    np.testing.assert_array_equal(S @ sp.coo_array(v), S @ v)
+    np.testing.assert_array_equal(sp.coo_array(z) @ S, z @ S)
+
+
+def test_efficiency_names_a_sparse_y():
+    # a sparse y became a 0-d object array: "y must hold real numbers, got dtype object"
+    X = np.random.default_rng(0).standard_normal((500, 5))
+    with pytest.raises(TypeError, match="y must be a dense 1-D array, got a sparse csr_matrix"):
+        rsketch.efficiency(X, sketch="gaussian", sketch_size=50, y=sp.csr_matrix(np.ones((500, 1))))

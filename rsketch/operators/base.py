@@ -228,7 +228,7 @@ class SketchOperator:
         )
         k, itemsize = A.shape[1], _itemsize(A.dtype)
         check_allocation(
-            self._apply_bytes(k, itemsize),
+            self._apply_bytes(k, itemsize) + self._operand_copy_bytes(A),
             f"{type(self).__name__} @ A with sketch_size={self.sketch_size}, input_dim={self.input_dim} "
             f"and {k} column(s) (the {self.sketch_size} x {k} output and the kernel's work arrays)",
             "use a smaller sketch_size or apply the sketch to fewer columns at a time",
@@ -273,6 +273,10 @@ class SketchOperator:
 
     def _adjoint_bytes(self, k: int, itemsize: int) -> int:
         return itemsize * self.input_dim * k + 16 * self.sketch_size * self._block_size()
+
+    def _operand_copy_bytes(self, A) -> int:
+        """Bytes of a copy of ``A`` that the product makes (kernels that need a contiguous operand)."""
+        return 0
 
     def reference_apply(self, A):
         """``S @ A`` as the sum over column blocks of ``S[:, a:b] @ A[a:b]`` (portable path).

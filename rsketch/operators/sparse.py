@@ -196,6 +196,13 @@ class SparseSign(SketchOperator):
     def _adjoint_bytes(self, k: int, itemsize: int) -> int:
         return itemsize * (self.input_dim + self.sketch_size) * k
 
+    def _operand_copy_bytes(self, A) -> int:
+        # the kernels read a C- or Fortran-ordered A; any other (a strided view, a broadcast) is
+        # copied whole first, which the estimate had left out (a broadcast of 8 MB met NumPy's
+        # "Unable to allocate 7.45 GiB" past the check)
+        contiguous = not isinstance(A, np.ndarray) or A.flags.c_contiguous or A.flags.f_contiguous
+        return 0 if contiguous else A.nbytes
+
     def _finish(self, acc, transposed):
         # One chunk: the accumulator is the output; otherwise the chunks are added in order.
         if acc.shape[0] == 1 and not transposed:

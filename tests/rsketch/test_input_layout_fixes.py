@@ -155,3 +155,17 @@ def test_efficiency_names_a_sparse_y():
     X = np.random.default_rng(0).standard_normal((500, 5))
     with pytest.raises(TypeError, match="y must be a dense 1-D array, got a sparse csr_matrix"):
         rsketch.efficiency(X, sketch="gaussian", sketch_size=50, y=sp.csr_matrix(np.ones((500, 1))))
+
+
+@pytest.mark.parametrize("kind", ["sparse_sign", "countsketch"])
+def test_sparse_kernels_count_the_copy_of_a_strided_operand(kind, monkeypatch):
+    # a broadcast (8 bytes a row here) or strided view is copied whole for the kernels: the memory
+    # check had left that copy out, and NumPy's "Unable to allocate" came after it
+    import rsketch._validation as validation
+
+    monkeypatch.setattr(validation, "available_memory", lambda: 1 << 30)
+    S = rsketch.make_sketch(kind, 200_000, 20, seed=0)
+    A = np.broadcast_to(np.ones((200_000, 1)), (200_000, 1000))  # 1.6 GB once copied
+    with pytest.raises(MemoryError, match="@ A with sketch_size=20"):
+        S @ A
+    assert (S @ A[:, :1]).shape == (20, 1)  # a small strided operand is copied and computed

@@ -981,8 +981,11 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         return U * s / self._scale() if self.whiten else U * s
 
     def _scale(self):
+        # sqrt(explained_variance_) as s / sqrt(n - 1): at X of 1e160 the variances overflow to inf
+        # (transform gave zeros, inverse_transform NaN) where their square roots are representable
         xp = array_api_compat.array_namespace(self.explained_variance_)
-        scale = xp.sqrt(self.explained_variance_)
+        s = xp.astype(self.singular_values_, self.explained_variance_.dtype)
+        scale = s / math.sqrt(max(self.n_samples_ - 1, 1))
         return xp.clip(scale, min=float(xp.finfo(scale.dtype).eps))
 
     def transform(self, X):

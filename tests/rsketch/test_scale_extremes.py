@@ -190,3 +190,16 @@ def test_efficiency_simulate_beta_too_large_is_named():
     X = np.random.default_rng(0).standard_normal((500, 10))
     with pytest.raises(ValueError, match="beta is too large for method='simulate'"):
         rsketch.efficiency(X, sketch="gaussian", sketch_size=50, method="simulate", beta=np.full(10, 1e300))
+
+
+@pytest.mark.parametrize("c", [1e160, 1e200])
+def test_whitened_pca_where_the_variances_overflow(c):
+    # the variances (1e320 and up) overflow to inf: whitening divided by their square root, and
+    # transform gave zeros, inverse_transform NaN; the whitened scores are scale-free
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, 20)) * np.geomspace(10, 1, 20) + 3
+    plain = rsketch.SketchedPCA(n_components=3, whiten=True, random_state=0).fit(X)
+    big = rsketch.SketchedPCA(n_components=3, whiten=True, random_state=0).fit(X * c)
+    T = big.transform(X * c)
+    assert _rel(T, plain.transform(X)) < 1e-12
+    assert _rel(big.inverse_transform(T) / c, plain.inverse_transform(plain.transform(X))) < 1e-12

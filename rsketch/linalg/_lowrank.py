@@ -205,7 +205,11 @@ def _draw(sketch, input_dim, size, seed, dtype):
             raise ValueError(f"sketch must have shape {(size, input_dim)}, got {sketch.shape}")
         return sketch
     check_test_matrix_kind(sketch)
-    return make_sketch(sketch, input_dim, size, seed=seed, dtype=dtype)
+    # uniform sampling without replacement where it can: a column sampled twice left A @ S.T short of
+    # rank, the basis' missing directions came from rounding, and they differed with A's memory
+    # layout (SketchedPCA's components 1.6e-3 apart between C- and Fortran-ordered X of 20 columns)
+    options = {"replace": False} if sketch == "uniform" and size <= input_dim else {}
+    return make_sketch(sketch, input_dim, size, seed=seed, dtype=dtype, **options)
 
 
 def check_test_matrix_kind(sketch):
@@ -427,6 +431,7 @@ def range_finder(
     sketch : str or SketchOperator, default "sparse_sign"
         The test matrix of the first pass, ``A @ S.T`` (``S`` of shape ``(l, n)``); any kind of
         :func:`rsketch.make_sketch` but ``"leverage"``. ``"gaussian"`` gives HMT's analysis exactly.
+        ``"uniform"`` samples ``l`` distinct columns (without replacement) where ``l <= n``.
     oversample : int, default 10
         ``l = rank + oversample`` columns.
     passes : int, default 3

@@ -169,3 +169,12 @@ def test_sparse_kernels_count_the_copy_of_a_strided_operand(kind, monkeypatch):
     with pytest.raises(MemoryError, match="@ A with sketch_size=20"):
         S @ A
     assert (S @ A[:, :1]).shape == (20, 1)  # a small strided operand is copied and computed
+
+
+def test_uniform_test_matrix_does_not_depend_on_the_layout():
+    # uniform sampling with replacement repeated columns: the basis' missing directions came from
+    # rounding, and C- and Fortran-ordered X gave components 1.6e-3 apart
+    X = np.random.default_rng(0).standard_normal((20_000, 20)) * np.geomspace(10, 1, 20)
+    a = rsketch.SketchedPCA(n_components=3, sketch="uniform", random_state=0).fit(X)
+    b = rsketch.SketchedPCA(n_components=3, sketch="uniform", random_state=0).fit(np.asfortranarray(X))
+    np.testing.assert_allclose(a.components_, b.components_, atol=1e-12)

@@ -160,6 +160,24 @@ def _plain_ndarray(A, name: str) -> np.ndarray:
     return np.asarray(A)
 
 
+def as_matrix(X):
+    """``X`` as a 2-D NumPy array or SciPy sparse matrix (values unchecked); errors name ``X``.
+
+    Examples
+    --------
+    >>> as_matrix([[1, 2], [3, 4]]).shape
+    (2, 2)
+    """
+    if not sp.issparse(X) and not isinstance(X, np.ndarray):
+        try:
+            X = np.asarray(X)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"X must be an array of real numbers: {exc}") from exc
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
+    return X
+
+
 def check_operand(
     A, rows: int | None, name: str = "A", *, check_finite_values: bool = True, rows_label: str | None = None
 ):

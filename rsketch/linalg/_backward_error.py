@@ -15,7 +15,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from rsketch._validation import check_operand
+from rsketch._validation import as_matrix, check_operand
 
 _SPLIT = 134217729.0  # 2^27 + 1: Veltkamp's splitting constant for float64
 
@@ -115,15 +115,7 @@ def _check_inputs(X, y, coef):
     """``(X, Y, C, y_is_vector)``: float64, finite, of matching shapes (``Y`` and ``C`` 2-D), each
     checked by name (complex input had given the real part's value, a string array been parsed, a
     2-D ``y`` with a 1-D ``coef`` met an IndexError, and a zero ``X`` a ZeroDivisionError)."""
-    if sp.issparse(X):
-        X = X.toarray()
-    elif not isinstance(X, np.ndarray):
-        try:
-            X = np.asarray(X)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"X must be an array of real numbers: {exc}") from exc
-    if X.ndim != 2:
-        raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
+    X = as_matrix(X)
     n, p = X.shape
     X, _ = check_operand(X, n, "X")
     Y, vector = check_operand(y, n, "y", rows_label="X's rows")

@@ -11,7 +11,7 @@ import scipy.linalg.blas
 import scipy.sparse as sp
 
 from rsketch._backend import array_namespace, is_non_numpy_array, to_host
-from rsketch._validation import LSTSQ_METHODS, check_finite, check_int, check_operand, check_option
+from rsketch._validation import LSTSQ_METHODS, as_matrix, check_finite, check_int, check_operand, check_option
 from rsketch.dask._design import DaskDesign, validate_dask_problem
 from rsketch.dask._leverage import leverage_sampling
 from rsketch.dask._sketch import is_dask_array
@@ -59,19 +59,8 @@ def validate_problem(X, y):
         return validate_dask_problem(X, y)
     if is_non_numpy_array(X) or is_non_numpy_array(y):  # CuPy (or another array-API library)
         return validate_array_problem(X, y)
-    if sp.issparse(X):
-        if X.ndim != 2:
-            raise ValueError(f"X must be 2-D, got shape {X.shape}")
-        n = X.shape[0]
-    else:
-        if not isinstance(X, np.ndarray):
-            try:
-                X = np.asarray(X)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"X must be an array of real numbers: {exc}") from exc
-        if X.ndim != 2:
-            raise ValueError(f"X must be 2-D (n samples x p features), got shape {X.shape}")
-        n = X.shape[0]
+    X = as_matrix(X)
+    n = X.shape[0]
     X, _ = check_operand(X, n, "X", check_finite_values=False)
     if sp.issparse(X):
         X = X.tocsr().astype(np.float64, copy=False)

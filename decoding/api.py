@@ -55,6 +55,8 @@ def _stop_strings(stop) -> list[str]:
             raise TypeError(f"stop[{j}] must be a string, got {type(s).__name__} {s!r}")
         if not s:
             raise ValueError(f"stop[{j}] is empty: stop strings must be non-empty")
+        # as prompts are: a lone surrogate, which decoded text never holds, could never match
+        check_text(s, f"stop[{j}]")
     return list(stop)
 
 

@@ -449,13 +449,25 @@ class DraftBudget:
     Attributes
     ----------
     remeasured, rescaled : int
-        How often the target's cost model was re-measured, and rescaled.
+        How often the target's cost model was re-measured, and rescaled, over the budget's life
+        (a call's ``stats`` report its own counts).
     step_overhead : float
         Seconds a step that verifies drafts costs beyond its forward, over a step that drafts
         nothing (the loop's bookkeeping of acceptance, the verification, the cache rollback),
         learnt from live steps (:meth:`observe_step`) and charged to every drafting step by
         :meth:`allocate`. The cost model times forwards only; where a forward is cheap (a fast
         engine, a small batch), this fixed cost decides whether drafting pays.
+
+    Notes
+    -----
+    One budget may serve many :func:`decoding.generate` calls, one at a time (a second call
+    given it while the first runs gets a ``RuntimeError``, as a :class:`~decoding.drafters.Drafter`
+    object does). What it learns about the machine carries over from call to call: the target's
+    cost curve (re-measured at most once per budget, or rescaled), the drift check's live
+    ratios and :attr:`step_overhead`. What belongs to a call is reset when the next one begins
+    (:meth:`begin`): the back-off (SmolLM2-135M on a repetitive prompt, a curve 1000x too fast:
+    the first of three calls drafted 5 tokens and ended with 53 steps to skip, and the next two
+    drafted none; now 17 and 16) and the live forwards' mean cost (of that call's batch).
 
     Examples
     --------
@@ -505,6 +517,21 @@ class DraftBudget:
         self.drift = DriftCheck(target_cost)
         self.step_overhead = 0.0
         self._outside = {True: None, False: None}  # mean seconds outside the forward, by drafted
+        self.begin()
+
+    def begin(self) -> None:
+        """Start a ``generate`` call: reset what belongs to one call (the back-off and the live
+        forwards' mean cost), keep what was learnt about the machine (see the Notes).
+
+        Examples
+        --------
+        >>> b = DraftBudget(CostModel((1, 2), (0.01, 0.02)))
+        >>> for _ in range(3):
+        ...     b.record_decision(False)
+        >>> b.begin()
+        >>> b.should_propose()
+        True
+        """
         self._quiet = 0  # consecutive steps whose drafts the budget cut to nothing
         self._skip = 0  # steps left that do not ask the drafter at all
         self._idle = 0  # consecutive asks where the drafter had no draft for any sample

@@ -126,12 +126,22 @@ def _references(tokenizer, references, n_prompts: int, vocab_size: int | None = 
     """One int array per prompt from ``references`` (texts, or token ids in ``[0, vocab_size)``), or None."""
     if references is None:
         return None
-    if not isinstance(references, (list, tuple)) or len(references) != n_prompts:
-        raise ValueError(f"references must be a list with one entry per prompt ({n_prompts})")
+    if not isinstance(references, (list, tuple)):  # a str or a 2-D array is not one entry per prompt
+        hint = " (one text per prompt: references=[text])" if isinstance(references, str) else ""
+        raise TypeError(
+            f"references must be a list with one entry per prompt ({n_prompts}), got "
+            f"{type(references).__name__}{hint}"
+        )
+    if len(references) != n_prompts:
+        raise ValueError(
+            f"references must be a list with one entry per prompt ({n_prompts}), got {len(references)}"
+        )
     refs = []
     for i, r in enumerate(references):
         if isinstance(r, str):  # plain text: a control token's spelling stays text
             refs.append(np.array(tokenizer.encode(check_text(r, f"references[{i}]")), dtype=np.int64))
+        elif isinstance(r, np.ndarray) and r.ndim == 1 and r.size == 0:  # np.array([]) is float64
+            refs.append(np.zeros(0, dtype=np.int64))  # empty, as [] and "" are (and as empty drafts are)
         elif isinstance(r, (list, tuple, np.ndarray)):
             refs.append(np.array(check_token_ids(r, f"references[{i}]", vocab_size), dtype=np.int64))
         else:
@@ -799,37 +809,48 @@ class _Contexts:
         self.held.pop(i, None)
 
 
-_DRAFTERS_IN_USE: set[int] = set()  # id() of each Drafter object a speculative call is using
-_DRAFTERS_LOCK = threading.Lock()
+_IN_USE: set[int] = set()  # id() of each Drafter and DraftBudget object a speculative call is using
+_IN_USE_LOCK = threading.Lock()
 
 
 @contextmanager
-def _claimed(drafter: Drafter):
-    """``drafter`` for one call: a Drafter object holds its call's state (:meth:`Drafter.begin` sets it
-    up), and a second call at once overwrote it (from two threads: ``KeyError``, ``IndexError`` or a
-    full cache, in 4 of 10 calls). A second claim is a ``RuntimeError`` that says what to do."""
-    with _DRAFTERS_LOCK:
-        if id(drafter) in _DRAFTERS_IN_USE:
-            raise RuntimeError(
-                f"drafter {drafter.name!r} is in use by another generate call: a Drafter object serves one "
-                "call at a time; give each concurrent call its own (or the drafter's name, which makes one "
-                "per call)"
-            )
-        _DRAFTERS_IN_USE.add(id(drafter))
+def _claimed(obj, busy: str):
+    """``obj``, a Drafter or a DraftBudget, for one call: each holds its call's state (a Drafter's
+    :meth:`~decoding.drafters.Drafter.begin` sets it up; a budget's back-off), and a second call at
+    once overwrote it (from two threads on one drafter: ``KeyError``, ``IndexError`` or a full
+    cache, in 4 of 10 calls). A second claim is a ``RuntimeError``, ``busy``, that says what to do."""
+    if obj is None:  # no budget
+        yield obj
+        return
+    with _IN_USE_LOCK:
+        if id(obj) in _IN_USE:
+            raise RuntimeError(busy)
+        _IN_USE.add(id(obj))
     try:
-        yield drafter
+        yield obj
     finally:
-        with _DRAFTERS_LOCK:
-            _DRAFTERS_IN_USE.discard(id(drafter))
+        with _IN_USE_LOCK:
+            _IN_USE.discard(id(obj))
 
 
 def _one_call_per_drafter(generate):
-    """:func:`speculative_generate` holding its ``drafter`` for the call (:func:`_claimed`)."""
+    """:func:`speculative_generate` holding its ``drafter`` and its ``budget`` for the call
+    (:func:`_claimed`)."""
 
     @wraps(generate)
-    def call(*args, drafter, **kwargs):
-        with _claimed(drafter):
-            return generate(*args, drafter=drafter, **kwargs)
+    def call(*args, drafter, budget=None, **kwargs):
+        drafter_busy = (
+            f"drafter {drafter.name!r} is in use by another generate call: a Drafter object serves one "
+            "call at a time; give each concurrent call its own (or the drafter's name, which makes one "
+            "per call)"
+        )
+        budget_busy = (
+            "draft_budget is in use by another generate call: a DraftBudget object serves one call at "
+            "a time; give each concurrent call its own (or draft_budget='auto' or a CostModel, which "
+            "make one per call)"
+        )
+        with _claimed(drafter, drafter_busy), _claimed(budget, budget_busy):
+            return generate(*args, drafter=drafter, budget=budget, **kwargs)
 
     return call
 
@@ -868,6 +889,8 @@ def speculative_generate(
         Each step is a :func:`packed_step` (EMS-SD) or a :func:`padded_step` (vanilla).
     budget : DraftBudget or None
         Caps the verified draft tokens per step (None: verify whatever the drafter proposes).
+        Used by this call alone, as ``drafter`` is; its per-call state is reset when the call
+        begins (:meth:`~decoding.cost_model.DraftBudget.begin`).
     references : list of token arrays, optional
         Per-sample reference texts for the drafter (LLMA).
     noise : TokenNoise
@@ -913,6 +936,9 @@ def speculative_generate(
     outs = Outputs(tokenizer, B, stop=stop, eos_ids=eos_ids, max_new_tokens=max_new_tokens, stream=stream)
     stats = SpeculativeStats.for_samples(B)
     drafter.begin(prompts, references, sampling, noise, max_new_tokens=max_new_tokens, max_active=queue.slots)
+    if budget is not None:  # a budget reused from an earlier call starts this one afresh
+        budget.begin()
+    budget_counts = (budget.remeasured, budget.rescaled) if budget is not None else (0, 0)  # before the call
 
     context = _Contexts(prompts, outs.tokens, max_new_tokens)
 
@@ -976,8 +1002,8 @@ def speculative_generate(
     res.stats.update(
         drafter=drafter.name, max_draft=k, budget=budget is not None, max_batch=queue.slots,
         target_forwards=queue.prefill_forwards + stats.forwards, **stats.as_dict(),
-        budget_remeasured=budget.remeasured if budget is not None else 0,
-        budget_rescaled=budget.rescaled if budget is not None else 0,
+        budget_remeasured=budget.remeasured - budget_counts[0] if budget is not None else 0,
+        budget_rescaled=budget.rescaled - budget_counts[1] if budget is not None else 0,
         budget_calibration_s=calibration,
     )  # fmt: skip
     return res

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from benchmarks import AREAS
-from benchmarks._harness import append_results, machine_description
+from benchmarks._harness import append_results, load_note, machine_description
 from benchmarks.report import write_results
 
 
@@ -33,7 +34,9 @@ def main(argv=None) -> int:
     for name in names:
         module = importlib.import_module(AREAS[name])
         print(f"\n== {name} ==", flush=True)
+        start = os.getloadavg()
         report = module.run(quick=args.quick)
+        report.notes.append(load_note(start, os.getloadavg()))
         print(report.to_markdown(), flush=True)
         reports.append(report)
     if not args.no_record:

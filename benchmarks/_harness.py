@@ -70,7 +70,8 @@ def peak_memory(fn) -> int:
     return peak
 
 
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile")
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+SIMD_FLAGS += ("avx512_bf16", "amx_tile")  # avx_vnni: the int8 path of an AVX2 machine
 SIMD_FLAGS += ("asimd", "sve", "sve2")  # Arm
 
 
@@ -118,6 +119,21 @@ def machine_info() -> dict:
         "scipy": scipy.__version__,
         "load_avg": load,
     }
+
+
+def load_note(start, end) -> str:
+    """The note of an area's load averages (1, 5 and 15 minutes) at its start and its end: the run's
+    own figure, where the machine line has the load when the whole invocation was recorded.
+
+    >>> note = load_note((0.5, 0.25, 0.1), (2.0, 1.0, 0.5))
+    >>> "start 0.50, 0.25, 0.10; at its end 2.00, 1.00, 0.50" in note
+    True
+    """
+    fmt = lambda load: ", ".join(f"{x:.2f}" for x in load)  # noqa: E731
+    return (
+        f"Load average (1, 5, 15 min) at this area's start {fmt(start)}; at its end {fmt(end)} "
+        "(its own threads count: 2 threads busy read as about 2)."
+    )
 
 
 def machine_description() -> str:

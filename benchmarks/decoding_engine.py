@@ -311,7 +311,8 @@ def run(quick: bool = False) -> Report:
     if lc_best is not None:  # batch 1 against llama.cpp in alternating rounds: both see the same drift
         paired = _paired_batch1(model, ids, ctx, n_steps, decode_repeats, rng, prompt, 1 if quick else 3)
         if paired is not None:
-            for who, rates in (("ours", paired[0]), ("llama.cpp (llama-cpp-python), 2 thread(s)", paired[1])):
+            peer = f"llama.cpp (llama-cpp-python), {numba.get_num_threads()} thread(s)"  # as many as ours
+            for who, rates in (("ours", paired[0]), (peer, paired[1])):
                 report.rows.append(
                     {
                         "engine": who,

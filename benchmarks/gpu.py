@@ -308,7 +308,7 @@ def main(argv=None) -> int:
     for report in reports:
         print(report.to_markdown(), flush=True)
     if not args.no_record:
-        for path in append_results(reports, quick=args.quick, areas=["gpu"]):
+        for path in append_results(reports, quick=args.quick, areas=["gpu"] * len(reports)):
             print(f"recorded in {path}")
     return 0
 

@@ -114,29 +114,31 @@ def _dense_svd(report, m, n, k, repeats):
     return met
 
 
-def _sparse_svd(report, m, n, density, k):
+def _sparse_svd(report, m, n, density, k, repeats):
     A = sp.random(m, n, density=density, format="csr", random_state=np.random.default_rng(2))
     norm2 = float(scipy.sparse.linalg.norm(A) ** 2)
 
-    def error(U):
+    def captured(U):  # ||U.T A||_F^2: the energy of A that the rank-k basis holds
         UA = np.asarray(A.T @ U)
-        return float(np.sqrt(max(norm2 - float(np.einsum("ij,ij->", UA, UA)), 0.0)))
+        return float(np.einsum("ij,ij->", UA, UA))
 
-    rsketch.svd(A, k, seed=0)  # warm-up
-    ours, t_ours = _timed(lambda: rsketch.svd(A, k, seed=0))
-    (U, s, Vt), t_svds = _timed(lambda: scipy.sparse.linalg.svds(A, k=k, random_state=0))
-    e_ours, e_svds = error(ours.U), error(U)
+    ours_fn = lambda: rsketch.svd(A, k, seed=0)  # noqa: E731
+    svds_fn = lambda: scipy.sparse.linalg.svds(A, k=k, random_state=0)  # noqa: E731
+    times = median_times_interleaved({"ours": ours_fn, "svds": svds_fn}, repeats=repeats, warmup=1)
+    c_ours, c_svds = captured(ours_fn().U), captured(svds_fn()[0])
+    error = lambda c: np.sqrt(max(norm2 - c, 0.0))  # noqa: E731
     report.rows.append(
         {
             "case": f"sparse svd {m:,} x {n:,}, density {density:g}, rank {k}",
-            "ours_s": t_ours,
-            "svds_s": t_svds,
-            "speedup": t_svds / t_ours,
-            "frob_ours/svds-1": e_ours / e_svds - 1,
+            "ours_s": times["ours"],
+            "svds_s": times["svds"],
+            "speedup": times["svds"] / times["ours"],
+            "captured_ours/svds": c_ours / c_svds,
+            "frob_ours/svds-1": error(c_ours) / error(c_svds) - 1,
         }
     )
     print(report.rows[-1], flush=True)
-    return t_svds / t_ours, e_ours <= 1.01 * e_svds
+    return times["svds"] / times["ours"], c_ours / c_svds
 
 
 def _qr(report, m, n, repeats):
@@ -182,9 +184,10 @@ def _ridge(report, n, p, alpha, repeats, bandwidth=3.0):
 
     X, y = _random_fourier_features(n, p, bandwidth=bandwidth)
     ours_fn = lambda: rsketch.SketchedRidge(alpha=alpha, random_state=0).fit(X, y)  # noqa: E731
-    ours = ours_fn()
-    t_ours = median_time(ours_fn, repeats=repeats, warmup=0)
-    ref, t_sk = _timed(lambda: Ridge(alpha=alpha, solver="auto").fit(X, y))
+    sk_fn = lambda: Ridge(alpha=alpha, solver="auto").fit(X, y)  # noqa: E731
+    times = median_times_interleaved({"ours": ours_fn, "sklearn": sk_fn}, repeats=repeats, warmup=1)
+    t_ours, t_sk = times["ours"], times["sklearn"]
+    ours, ref = ours_fn(), sk_fn()
     rel = float(np.linalg.norm(ours.coef_ - ref.coef_) / np.linalg.norm(ref.coef_))
     report.rows.append(
         {
@@ -225,11 +228,11 @@ def run(quick: bool = False) -> Report:
     ridge_report = Report("Low-rank approximation, ridge: SketchedRidge (Nystrom PCG) vs sklearn Ridge")
     with threadpool_limits(THREADS):
         met = _dense_svd(svd_report, *dense, repeats)
-        sp_speed, sp_ok = _sparse_svd(sparse_report, *sparse)
+        sp_speed, sp_captured = _sparse_svd(sparse_report, *sparse, max(1, repeats - 1))
         qr_speed, qr_fact, qr_orth = _qr(qr_report, *qr, repeats)
-        r_speed, r_rel, r_solver = _ridge(ridge_report, ridge, ridge, 1e-3, repeats)
+        r_speed, r_rel, r_solver = _ridge(ridge_report, ridge, ridge, 1e-3, max(1, repeats - 1))
         # Information, not the target: a wider kernel, whose effective dimension is well below p.
-        _ridge(ridge_report, ridge, ridge, 1e-3, repeats, bandwidth=10.0)
+        _ridge(ridge_report, ridge, ridge, 1e-3, max(1, repeats - 1), bandwidth=10.0)
     speed, err_ok = met["fast"]
     svd_report.targets.append(
         Target(
@@ -248,9 +251,10 @@ def run(quick: bool = False) -> Report:
     )
     sparse_report.targets.append(
         Target(
-            "sparse svd >= 3x faster than svds at an error within 1% of svds's",
-            f"{sp_speed:.2f}x, error {'within' if sp_ok else 'NOT within'} 1%",
-            sp_speed >= 3 and sp_ok,
+            "sparse svd >= 3x faster than svds at an error within 1% of svds's (the energy ||U.T A||_F^2 "
+            "the basis holds at least 99% of svds's)",
+            f"{sp_speed:.3f}x, captured energy {sp_captured:.4f} of svds's",
+            sp_speed >= 3 and sp_captured >= 0.99,
         )
     )
     qr_report.targets.append(
@@ -270,8 +274,15 @@ def run(quick: bool = False) -> Report:
     svd_report.notes.append(
         "frob_*/opt-1: Frobenius error over the optimum sqrt(sum_{j>=k} s_j^2), minus 1. Dense times: "
         "medians of interleaved runs; the slow-decay row takes block Krylov at the most passes whose "
-        "median time is at most scikit-learn's. Sparse and Ridge peers: single runs. --quick sizes are "
-        "a smoke run, not the issue's."
+        "median time is at most scikit-learn's. Sparse and Ridge: medians of 2 interleaved runs after a "
+        "warm-up of each (the peers had been single cold runs beside our warm medians). --quick sizes "
+        "are a smoke run, not the issue's."
+    )
+    sparse_report.notes.append(
+        "Accuracy: on this uniformly random sparse matrix the best rank-20 basis holds about 0.04% of "
+        "||A||_F^2, so the Frobenius error of any orthonormal basis is within a fraction of a percent of "
+        "svds's (a random one passed the old check, 'error within 1%'); the target therefore compares "
+        "the energy each basis captures, ||U.T A||_F^2 (frob_ours/svds-1 kept for reference)."
     )
     ridge_report.notes.append(
         "The target is the bandwidth-3 row (d_eff(1e-3) = 3,133 of p = 10,000: docs/lowrank.md). The "

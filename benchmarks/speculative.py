@@ -262,7 +262,7 @@ def run(quick: bool = False) -> Report:
     report.targets.append(
         Target(
             "copy task, LLMA, batch 1: EMS-SD >= 2x autoregressive",
-            f"{ems1:.2f}x (ratio of median rates {sp('copy', 1, 'llma', 'ems'):.2f}x)",
+            f"{ems1:.3f}x (ratio of median rates {sp('copy', 1, 'llma', 'ems'):.3f}x)",
             ems1 >= 2.0,
         )
     )
@@ -270,7 +270,7 @@ def run(quick: bool = False) -> Report:
     report.targets.append(
         Target(
             "copy task, LLMA: EMS-SD faster than vanilla at every batch size > 1",
-            ", ".join(f"B={B}: {r:.2f}x" for B, r in ratios.items()),
+            ", ".join(f"B={B}: {r:.3f}x" for B, r in ratios.items()),
             all(r > 1.0 for r in ratios.values()),
         )
     )
@@ -279,8 +279,8 @@ def run(quick: bool = False) -> Report:
         report.targets.append(
             Target(
                 "copy task, LLMA, batch 8: EMS-SD >= 1.3x vanilla",
-                f"{ratios[8]:.2f}x (rounds {rounds('copy', 8, 'ems/vanilla')}; ratio of median rates "
-                f"{of_medians:.2f}x)",
+                f"{ratios[8]:.3f}x (rounds {rounds('copy', 8, 'ems/vanilla')}; ratio of median rates "
+                f"{of_medians:.3f}x)",
                 ratios[8] >= 1.3,
             )
         )
@@ -288,9 +288,9 @@ def run(quick: bool = False) -> Report:
     report.targets.append(
         Target(
             "copy task, LLMA, budget on: EMS-SD never below 1.0x autoregressive (B <= 16)",
-            ", ".join(f"B={B}: {r:.2f}x" for B, r in bud.items())
+            ", ".join(f"B={B}: {r:.3f}x" for B, r in bud.items())
             + "; ratios of median rates "
-            + ", ".join(f"{sp('copy', B, 'llma', 'ems+budget'):.2f}x" for B in batches),
+            + ", ".join(f"{sp('copy', B, 'llma', 'ems+budget'):.3f}x" for B in batches),
             all(r >= 1.0 for r in bud.values()),
         )
     )

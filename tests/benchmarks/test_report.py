@@ -26,7 +26,9 @@ def _records(area, stamp, speedup, *, quick=False):
     return rp.history_records(rep, area=area, stamp=stamp, quick=quick, machine=MACHINE)
 
 
-@pytest.mark.parametrize("module", ["benchmarks.report", "benchmarks._log_converter", "benchmarks._harness"])
+@pytest.mark.parametrize(
+    "module", ["benchmarks.report", "benchmarks._log_converter", "benchmarks._harness", "benchmarks.gpu"]
+)
 def test_docstring_examples(module):
     res = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert res.attempted > 0 and res.failed == 0
@@ -171,3 +173,17 @@ def test_main_records_and_reports(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "RESULTS.md").read_text() == rendered
     with pytest.raises(SystemExit):
         bench_main.main(["--report", "--quick"])
+
+
+def test_gpu_check_records_its_three_reports(monkeypatch):
+    # append_results was given one area name for three reports: a GPU run measured everything,
+    # then raised "3 reports but 1 area names" and recorded nothing
+    import benchmarks._harness as harness
+    import benchmarks.gpu as gpu
+
+    for name in ("run", "run_lstsq", "run_decoding"):
+        monkeypatch.setattr(gpu, name, lambda quick: rp.Report("t", rows=[{"case": "a"}]))
+    recorded = []
+    record = lambda pairs, **kw: recorded.append([a for a, _ in pairs]) or []  # noqa: E731
+    monkeypatch.setattr(harness, "record_run", record)
+    assert gpu.main([]) == 0 and recorded == [["gpu"] * 3]

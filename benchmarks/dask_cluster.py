@@ -5,7 +5,8 @@
 runs. Peers, measured in the same run on the same cluster: one full read of the store
 (``X.sum().compute()``) and ``dask.array.linalg.lstsq``; for ``efficiency``, the serial run in this
 process. Each worker runs one BLAS and one numba thread (the serial run uses this process's, 2 of
-each); the spread draws are bitwise the serial ones all the same (docs/dask.md). Targets: ``S @ X`` within 2 reads;
+each); the spread draws are bitwise the serial ones all the same (docs/dask.md). Targets: ``S @ X``
+within 2 reads;
 ``lstsq`` at least 3x faster than Dask's, residual within ``1 + 1e-10`` of Dask's; peak resident memory of
 every worker and of the client at most 1.5 GB; ``efficiency`` (200 draws, n = 200,000, p = 50,
 r = 2,000) at least 1.6x the serial speed with identical numbers.

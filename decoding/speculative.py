@@ -913,6 +913,7 @@ def speculative_generate(
 
     Examples
     --------
+    >>> ids = [tok.encode("Repeat: the cat sat on the mat. Again: the cat")]  # doctest: +SKIP
     >>> res = speculative_generate(model, tok, ids, max_new_tokens=16, sampling=SamplingParams(),
     ...     stop=[], noise=TokenNoise(0), drafter=LLMADrafter())  # doctest: +SKIP
     >>> res.stats["mean_accepted"]  # doctest: +SKIP

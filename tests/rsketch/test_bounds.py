@@ -254,3 +254,36 @@ def test_a_huge_nnz_per_column_is_computed_in_closed_form():
         )
     res = rsketch.bounds("sparse_sign", n=2**62, p=2, r=2**62, nnz_per_column=2**62)
     assert res is not None
+
+
+def _tropp_eps(p, L, fail):
+    """Tropp (2012), Thm 1.1, solved here on its own: ``p [e^-eps / (1 - eps)^(1 - eps)]^(1/L) = fail``."""
+    import scipy.optimize
+
+    rate = lambda e: math.log(p) + (-e - (1 - e) * math.log1p(-e)) / L - math.log(fail)  # noqa: E731
+    return scipy.optimize.brentq(rate, 1e-12, 1 - 1e-12, xtol=1e-15)
+
+
+def _derived(b, measure):
+    return next(u for u in b.select(measure) if u.side == "upper" and u.source == DERIVED)
+
+
+def test_sparse_and_sampling_bounds_by_hand():
+    # only Gaussian and SRHT values had been pinned: the other families' bounds were checked one way
+    # (a draw below them), and bounds ten times too loose passed
+    n, p, r, delta = 100_000, 10, 5001, 0.1
+    # E[(S^T S)_ij^2]: CountSketch 1/r; sparse sign, s = 8 blocks of 625 rows and one of 626
+    for kind, v in (("countsketch", 1 / r), ("sparse_sign", (7 / 625 + 1 / 626) / 64)):
+        eps = math.sqrt(2 * v * (p * p + p) / delta)
+        scale = 2 / (delta * (1 - eps) ** 2)
+        b = rsketch.bounds(kind, n=n, p=p, r=r, delta=delta)
+        assert _derived(b, "pe").value == pytest.approx(1 + scale * v * (n - 1), rel=1e-12)
+        assert _derived(b, "wc").value == pytest.approx(1 + scale * v * p, rel=1e-12)
+    # leverage sampling (no uniform mix, pi = l / p) and uniform sampling (pi = 1 / n) of one design
+    ell = p * np.linspace(1.0, 3.0, n) / np.linspace(1.0, 3.0, n).sum()
+    for kind, pi, opts in (("leverage", ell / p, {"uniform_mix": 0.0}), ("uniform", np.full(n, 1 / n), {})):
+        kappa, cross = float(np.max(ell / pi)), float(np.sum(ell * (1 - ell) / pi))
+        scale = 2 / (delta * (1 - _tropp_eps(p, kappa / r, delta / 2)) ** 2)
+        b = rsketch.bounds(kind, n=n, p=p, r=r, leverage=ell, delta=delta, **opts)
+        assert _derived(b, "pe").value == pytest.approx(1 + scale * cross / (r * p), rel=1e-9)
+        assert _derived(b, "wc").value == pytest.approx(1 + scale * kappa / r, rel=1e-9)

@@ -267,9 +267,11 @@ def test_methods_for_symmetric_matrices_check_an_operator_through_its_projection
     shift_invert = LinearOperator(
         (400, 400), matvec=solve, matmat=lambda V: np.column_stack([solve(c) for c in V.T]), dtype=float
     )
-    exact = np.linalg.eigvalsh(inv)[::-1][:3]
-    # accepted; the values as good as a rank-3 sketch of this clustered spectrum gives (19.98, 19.90, 19.78)
-    np.testing.assert_allclose(eigh(shift_invert, 3, passes=7, seed=0).eigenvalues, exact, rtol=1e-2)
+    # accepted, and taken as its symmetric part: the values of the same sketch of the exact inverse,
+    # to the operator's own accuracy (a 1% closeness to the true eigenvalues, 19.98, 19.90, 19.78,
+    # had let a result that missed the largest one pass)
+    ref = eigh(inv, 3, passes=7, seed=0).eigenvalues
+    np.testing.assert_allclose(eigh(shift_invert, 3, passes=7, seed=0).eigenvalues, ref, rtol=1e-4)
     X32 = np.random.default_rng(2).standard_normal((3000, 200)).astype(np.float32)
     in32 = lambda v: X32.T @ (X32 @ v.astype(np.float32))  # noqa: E731
     in_float32 = LinearOperator((200, 200), matvec=in32, dtype=float)

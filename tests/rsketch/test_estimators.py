@@ -160,7 +160,8 @@ def test_pipeline_and_grid_search():
     # only that the best alpha was one of those given)
     ref = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": alphas}, cv=3).fit(X, y)
     assert grid.best_params_["sketchedridge__alpha"] == ref.best_params_["ridge__alpha"]
-    np.testing.assert_allclose(grid.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"], rtol=1e-8)
+    scores = grid.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"]
+    np.testing.assert_allclose(*scores, rtol=1e-8)
     pipe2 = make_pipeline(StandardScaler(), SketchedLinearRegression(random_state=0)).fit(X, y)
     assert pipe2.score(X, y) == pytest.approx(LinearRegression().fit(X, y).score(X, y), rel=1e-10)
 

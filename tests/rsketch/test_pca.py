@@ -119,7 +119,8 @@ def test_pipeline_and_grid_search():
     ref_pipe = make_pipeline(PCA(), LogisticRegression())
     ref = GridSearchCV(ref_pipe, {"pca__n_components": [1, 2, 10]}, cv=3).fit(X, y)
     assert grid.best_params_["sketchedpca__n_components"] == ref.best_params_["pca__n_components"]
-    np.testing.assert_allclose(grid.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"], atol=0.02)
+    scores = grid.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"]
+    np.testing.assert_allclose(*scores, atol=0.02)
     names = pipe.fit(X, y)[0].get_feature_names_out()
     assert list(names[:2]) == ["sketchedpca0", "sketchedpca1"]
 

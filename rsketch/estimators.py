@@ -601,8 +601,9 @@ class SketchedLinearRegression(_SketchedLinearModel):
         Rows of the sketch; default depends on ``method``.
     method : {"precondition", "sketch_and_solve", "ihs"}, default "precondition"
     fit_intercept : bool, default True
-        Dense ``X`` is centred (weighted means); sparse ``X`` gets a column of ones instead, which
-        keeps it sparse (the two agree whenever the solution is unique).
+        Dense ``X`` is centred (weighted means); sparse ``X`` gets an intercept column instead (a
+        constant, at the data columns' scale), which keeps it sparse (the two agree whenever the
+        solution is unique).
     random_state : None, int, numpy.random.Generator, numpy.random.SeedSequence or numpy.random.RandomState
         Seed of the sketch(es), passed to :func:`rsketch.lstsq` as ``seed``.
 

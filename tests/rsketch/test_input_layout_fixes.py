@@ -90,6 +90,7 @@ def test_low_rank_functions_never_write_into_an_operators_results(fn):
     assert handed and all(np.array_equal(a, b) for a, b in handed)
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")  # the input, np.matrix
 @pytest.mark.parametrize(
     "convert",
     [

@@ -344,7 +344,7 @@ def read_gguf(path) -> GGUFFile:
 
     Examples
     --------
-    >>> f = read_gguf("model.gguf")  # doctest: +SKIP
+    >>> f = read_gguf(path)  # path: a GGUF file, e.g. decoding.api.model_path()  # doctest: +SKIP
     >>> sorted(f.tensors)[:2]  # doctest: +SKIP
     ['blk.0.attn_k.weight', 'blk.0.attn_norm.weight']
     """

@@ -273,7 +273,8 @@ def check_tensors(f: GGUFFile, config: LlamaConfig) -> None:
 
     Examples
     --------
-    >>> f = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+    >>> import dataclasses
+    >>> f = read_gguf(path)  # path: the SmolLM2 GGUF file  # doctest: +SKIP
     >>> cfg = LlamaConfig.from_metadata(f.metadata)  # doctest: +SKIP
     >>> check_tensors(f, cfg)  # doctest: +SKIP
     >>> check_tensors(f, dataclasses.replace(cfg, n_layers=29))  # doctest: +SKIP
@@ -321,7 +322,7 @@ class Model:
 
     Examples
     --------
-    >>> model = Model.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+    >>> model = Model.from_gguf(path)  # path: the SmolLM2 GGUF file  # doctest: +SKIP
     >>> cache = model.new_cache(max_seqs=2, capacity=64)  # doctest: +SKIP
     >>> a, b = cache.allocate(), cache.allocate()  # doctest: +SKIP
     >>> logits = model.forward(np.array([1, 2, 3, 4]), cache=cache, seq_ids=np.array([a, b]),

@@ -913,11 +913,12 @@ def speculative_generate(
 
     Examples
     --------
+    >>> from decoding.drafters import LLMADrafter
     >>> ids = [tok.encode("Repeat: the cat sat on the mat. Again: the cat")]  # doctest: +SKIP
     >>> res = speculative_generate(model, tok, ids, max_new_tokens=16, sampling=SamplingParams(),
     ...     stop=[], noise=TokenNoise(0), drafter=LLMADrafter())  # doctest: +SKIP
-    >>> res.stats["mean_accepted"]  # doctest: +SKIP
-    1.8
+    >>> round(res.stats["mean_accepted"], 2)  # accepted draft tokens per sample and step  # doctest: +SKIP
+    0.15
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")

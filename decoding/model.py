@@ -416,6 +416,7 @@ class Model:
             dtype=self.dtype,
         )
         part.kv_dtype = self.kv_dtype
+        part.prefetch = self.prefetch  # this model's setting (it had read DECODING_PREFETCH afresh)
         return part
 
     def to_device(self, xp, device=None) -> Model:

@@ -172,3 +172,16 @@ def test_references_that_are_not_a_list_are_a_type_error(tiny64, references, mat
     wrong_length = r"^references must be a list with one entry per prompt \(1\), got 2"
     with pytest.raises(ValueError, match=wrong_length):
         generate(model, tok, [[1, 2, 3]], max_new_tokens=2, method="ems", references=["a", "b"])
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_a_truncated_model_keeps_its_parents_prefetch_setting(tiny64, monkeypatch, setting):
+    # truncated() read DECODING_PREFETCH afresh: a draft model prefetched where its target did not
+    model, _ = tiny64
+    monkeypatch.setenv("DECODING_PREFETCH", "0" if setting else "1")
+    old = model.prefetch
+    model.prefetch = setting
+    try:
+        assert model.truncated(1).prefetch is setting
+    finally:
+        model.prefetch = old

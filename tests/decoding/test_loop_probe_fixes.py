@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -39,14 +40,20 @@ def _ended(threads) -> bool:
     return not any(t.is_alive() for t in threads)
 
 
-def test_a_draft_model_call_leaves_no_prefetch_thread(tiny64, prefetch_threads):
+def test_a_draft_model_call_leaves_no_prefetch_thread(tiny_path, prefetch_threads):
     # each call truncates the target anew; its prefetch thread waited for requests forever: 20 calls
     # with the real model, 20 threads left
-    model, tok = tiny64
+    model, tok = load_model(tiny_path[0], dtype=np.float64)  # prefetch on, and on its draft models
     kw = dict(max_new_tokens=4, method="ems", drafter="draft_model", draft_budget=None)
     for _ in range(3):
         generate(model, tok, [[1, 2, 3]], **kw)
-    assert len(prefetch_threads) == 3  # one per drafter model (the target's prefetch is off)
+    assert len(prefetch_threads) == 4  # the target's and one per draft model
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while sum(t.is_alive() for t in prefetch_threads) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(t.is_alive() for t in prefetch_threads) == 1  # the target's only, while it lives
+    del model, tok
     assert _ended(prefetch_threads)
 
 

@@ -142,6 +142,27 @@ def scale_columns(Y) -> tuple[object, np.ndarray]:
     return (Y if is_non_numpy_array(Y) or sp.issparse(Y) else np.ascontiguousarray(Y)), shifts
 
 
+def with_columns_scaled(apply, A):
+    """``apply(A)`` for a linear ``apply``, computed on ``A`` with each column outside the safe range
+    scaled by a power of two to a largest entry in [1, 2) (:func:`scale_columns`) and scaled back.
+
+    The sketches' kernels sum unscaled entries (a Gaussian's N(0, 1), the transforms' +-1 sums) and
+    scale last, so a finite product could overflow on the way (two entries of ``1e308`` gave ``inf``
+    where every exact entry of ``S @ A`` was below ``5.3e307``; an SRHT's ``S.T @ Z`` gave NaN).
+    Scaling by powers of two is exact; scaled back, an entry is infinite only where the product
+    itself is beyond the float range.
+
+    Examples
+    --------
+    >>> A = np.array([[1e308], [1e308]])
+    >>> float(with_columns_scaled(lambda B: np.array([[0.5, 0.5]]) @ B, A)[0, 0])
+    1e+308
+    """
+    scaled, shifts = scale_columns(A)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):  # beyond the range: inf, as IEEE
+        return shift_down(apply(scaled), -shifts)
+
+
 def scale_design(X):
     """``(X 2^-a, a)`` from the largest entry of ``X`` (one pass over ``X``), as :func:`scale_columns`."""
     shift = safe_shift(float(max_abs(X)), numpy_dtype(X.dtype))

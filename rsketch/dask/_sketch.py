@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from rsketch._exact_scaling import scale_columns, shift_down
+from rsketch._exact_scaling import with_columns_scaled
 from rsketch._validation import check_allocation, check_finite
 from rsketch.kernels import cpu
 
@@ -213,11 +213,8 @@ def chunk_product(block, op, block_info=None):
         out = CHUNK_PRODUCTS[op.kind](op, a, block)
     if not np.isfinite(out).all():
         check_finite(block, f"A (rows {a}:{b})")
-        # finite rows: the unscaled sums overflowed where the product may not (as in memory,
-        # SketchOperator._apply_column_scaled): again with columns scaled by powers of two
-        scaled, shifts = scale_columns(block)
-        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-            out = shift_down(CHUNK_PRODUCTS[op.kind](op, a, scaled), -shifts)
+        # finite rows: the unscaled sums overflowed where the product may not (as in memory)
+        out = with_columns_scaled(lambda B: CHUNK_PRODUCTS[op.kind](op, a, B), block)
     return out[None]
 
 

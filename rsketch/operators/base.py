@@ -20,7 +20,7 @@ from array_api_compat import device as array_device
 from scipy.sparse.linalg import LinearOperator
 
 from rsketch._backend import array_namespace, is_device_sparse, numpy_dtype, numpy_namespace
-from rsketch._exact_scaling import scale_columns, shift_down
+from rsketch._exact_scaling import with_columns_scaled
 from rsketch._random import key_from_seed
 from rsketch._validation import (
     MAX_INDEX,
@@ -238,7 +238,7 @@ class SketchOperator:
         if self._nonfinite_propagates and not bool(xo.all(xo.isfinite(out))):
             check_finite(A, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
             if sp.issparse(A) or isinstance(A, np.ndarray):
-                out = self._apply_column_scaled(A)
+                out = with_columns_scaled(self._apply, A)  # the sums overflowed on the way
         return out[:, 0] if is_vector else out
 
     def _apply(self, A):
@@ -253,18 +253,6 @@ class SketchOperator:
 
                 return sketch_apply(self, A)
             return self._reference_apply(A)
-
-    def _apply_column_scaled(self, A):
-        """``S @ A`` again, each column of ``A`` outside the safe range scaled by a power of two to a
-        largest entry in [1, 2) (:func:`rsketch._exact_scaling.scale_columns`, the solvers' scaling).
-
-        The kernels sum unscaled entries (a Gaussian's N(0, 1), the transforms' +-1 sums) and scale
-        last, so a finite ``S @ A`` could overflow on the way (two entries of ``1e308`` gave ``inf``
-        where every exact entry was below ``5.3e307``). Scaling by powers of two is exact; scaled
-        back, an entry is infinite only where ``S @ A`` itself is beyond the float range."""
-        scaled, shifts = scale_columns(A)
-        with np.errstate(over="ignore", under="ignore"):  # beyond the range: inf, as IEEE has it
-            return shift_down(self._apply(scaled), -shifts)
 
     # Bytes that S @ A (k columns of the given itemsize) and S.T @ Z allocate: the output and the
     # kernels' work arrays. The defaults are those of the block-summation paths below.
@@ -365,12 +353,7 @@ class SketchOperator:
             Z = Z.toarray()
         out = self._adjoint_apply(Z)
         if isinstance(Z, np.ndarray) and not np.isfinite(out).all():
-            # Z is finite (checked): a sum overflowed on the way, as S @ A's can; the forward
-            # product's remedy (an SRHT's S.T @ Z of entries 1e308 gave NaN where the largest exact
-            # entry was 1e308)
-            scaled, shifts = scale_columns(Z)
-            with np.errstate(over="ignore", under="ignore"):  # beyond the range: inf, as IEEE has it
-                out = shift_down(self._adjoint_apply(scaled), -shifts)
+            out = with_columns_scaled(self._adjoint_apply, Z)  # Z is finite (checked): a sum overflowed
         return out[:, 0] if is_vector else out
 
     def _adjoint_apply(self, Z):

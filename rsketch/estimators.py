@@ -61,11 +61,15 @@ KERNEL_MAX_SAMPLES = 5000
 KERNEL_BLOCK_BYTES = 32 << 20
 
 
+def _library(a) -> str:
+    """The top-level module of ``a``'s type, for messages ("cupy", "array_api_strict", "numpy")."""
+    return type(a).__module__.split(".")[0]
+
+
 def _require_dispatch(X, method):
     if not sklearn.get_config()["array_api_dispatch"]:
-        library = type(X).__module__.split(".")[0]
         raise TypeError(
-            f"X is a {library} array: {method} on it runs on its device under scikit-learn's array API "
+            f"X is a {_library(X)} array: {method} on it runs on its device under scikit-learn's array API "
             "dispatch; enable it with sklearn.set_config(array_api_dispatch=True) (or within "
             "sklearn.config_context(array_api_dispatch=True)), or pass a NumPy array to compute on the CPU"
         )
@@ -89,9 +93,8 @@ def _on_host(a, name):
     if not is_non_numpy_array(a):
         return a
     if not sklearn.get_config()["array_api_dispatch"]:
-        library = type(a).__module__.split(".")[0]
         raise TypeError(
-            f"{name} is a {library} array while X is a NumPy array: pass {name} as a NumPy array, or "
+            f"{name} is a {_library(a)} array while X is a NumPy array: pass {name} as a NumPy array, or "
             "enable scikit-learn's array API dispatch (sklearn.set_config(array_api_dispatch=True))"
         )
     return np.asarray(to_host(a))
@@ -100,7 +103,7 @@ def _on_host(a, name):
 def _library_and_device(a):
     if not is_non_numpy_array(a):
         return "numpy", "cpu"
-    return type(a).__module__.split(".")[0], str(device(a))
+    return _library(a), str(device(a))
 
 
 def _check_fit_device(estimator, fitted, X, method):

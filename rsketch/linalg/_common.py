@@ -163,6 +163,12 @@ def design_for(X):
     return ArrayDesign(X) if is_non_numpy_array(X) else Design(X)
 
 
+def product_norms(design):
+    """``V -> ||X V||`` per column, through ``design``'s products (:func:`design_for`): how the
+    solvers confirm the sketch's rank against ``X`` itself (``_precondition.confirmed_rank``)."""
+    return lambda V: column_norms(design.matmul(V))
+
+
 def frobenius_norm(A) -> float:
     """``||A||_F`` of a dense or SciPy sparse NumPy array by BLAS ``nrm2``, which scales as it sums:
     no overflow or underflow of the squares, and no temporary for a contiguous ``A``.

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from rsketch.linalg._common import apply_sketch, column_norms, design_for
+from rsketch.linalg._common import apply_sketch, column_norms, design_for, product_norms
 from rsketch.linalg._precondition import backward_error_estimate, sketched_factor
 from rsketch.operators import LeverageSampling
 
@@ -166,7 +166,7 @@ def ihs(X, Y, S0, *, tol, max_iter, log, backward_tol=None, settle=None):
         last one's is clearly larger (:data:`CLEARLY_WORSE`).
     """
     design = design_for(X)
-    x_norms = lambda V: column_norms(design.matmul(V))  # noqa: E731
+    x_norms = product_norms(design)
     # Dask: log.passes (the passes lstsq made, or None in memory) grows by each iteration's two
     counted = hasattr(design, "passes")
     passes_before = log.passes or 0

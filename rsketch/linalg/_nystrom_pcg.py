@@ -46,6 +46,7 @@ from rsketch.linalg._lowrank import (
     nystrom,
 )
 from rsketch.linalg._results import ConvergenceWarning
+from rsketch.linalg._scaling import unscale
 from rsketch.operators import SketchOperator, make_sketch
 
 
@@ -266,7 +267,14 @@ def nystrom_pcg(
         X[:, j], it, norms[j] = _pcg(A_e, mu_e, B[:, j], P_inv, tol, max_iter, callback, int(shift[j]) - e)
         its, matvecs = max(its, it), matvecs + it
     true, floor = _true_residuals(A_e, mu_e, B, X, approx_e)
-    X = _unscaled(X, shift - e)
+    if not np.isfinite(X).all():
+        raise FloatingPointError(
+            "nystrom_pcg's iterate is not finite (A's products or the preconditioner broke down): "
+            "check A, or give a larger mu"
+        )
+    # exact powers of two; out of the float range a ValueError (an x of 1e310 had come back as inf,
+    # one of 1e-601 as 0, both "converged")
+    X = unscale(X, e, shift, what="the solution x", fix="rescale A, b or mu")
     matvecs += B.shape[1]
     converged = bool(np.all(true <= np.maximum(tol, floor)))
     if not converged:
@@ -279,27 +287,6 @@ def nystrom_pcg(
         )
     x = X[:, 0] if b_is_vector else X
     return NystromPCGResult(x, its, true, converged, approx, matvecs)
-
-
-def _unscaled(X, shifts):
-    """``X 2**shifts`` (exact), in ``X``'s dtype; a ``ValueError`` where that leaves the float range (an
-    x of ``1e310`` came back as inf, one of ``1e-601`` as 0, both "converged") or where CG's ``x`` is
-    not finite."""
-    if not np.isfinite(X).all():
-        raise FloatingPointError(
-            "nystrom_pcg's iterate is not finite (A's products or the preconditioner broke down): "
-            "check A, or give a larger mu"
-        )
-    with np.errstate(over="ignore", under="ignore"):
-        out = np.ldexp(X, shifts).astype(X.dtype, copy=False)
-    beyond = not np.isfinite(out).all()
-    lost = bool(((np.abs(X).max(axis=0) > 0) & (np.abs(out).max(axis=0) < np.finfo(X.dtype).tiny)).any())
-    if beyond or lost:
-        raise ValueError(
-            f"the solution x is {'beyond' if beyond else 'below'} the {X.dtype} range (its entries would "
-            f"{'overflow' if beyond else 'underflow to subnormals or zero'}): rescale A, b or mu"
-        )
-    return out
 
 
 class _Scaled:

@@ -53,8 +53,9 @@ def sketch_design(S, X, first_pass=None):
     return X, apply_sketch(S, X), shift, 3
 
 
-def unscale(coef: np.ndarray, x_shift: int, y_shifts: np.ndarray) -> np.ndarray:
-    """``coef 2^(b - a)``; a ``ValueError`` when the true solution is beyond float64's range.
+def unscale(coef, x_shift: int, y_shifts, *, what="the least-squares solution", fix="rescale X or y"):
+    """``coef 2^(b - a)`` in ``coef``'s dtype; a ``ValueError`` (``what`` the solution, ``fix`` the
+    remedy) when the true solution is beyond or below that dtype's range.
 
     Examples
     --------
@@ -64,16 +65,13 @@ def unscale(coef: np.ndarray, x_shift: int, y_shifts: np.ndarray) -> np.ndarray:
     if x_shift == 0 and not y_shifts.any():
         return coef
     with np.errstate(over="ignore", under="ignore"):
-        out = np.ldexp(coef, (y_shifts - x_shift)[None, :])
+        out = np.ldexp(coef, (y_shifts - x_shift)[None, :]).astype(coef.dtype, copy=False)
     if not np.isfinite(out).all():
-        raise ValueError(
-            "the least-squares solution is beyond the float64 range (its entries would overflow): "
-            "rescale X or y"
-        )
-    lost = (np.abs(coef).max(axis=0) > 0) & (np.abs(out).max(axis=0) < np.finfo(np.float64).tiny)
+        raise ValueError(f"{what} is beyond the {out.dtype} range (its entries would overflow): {fix}")
+    lost = (np.abs(coef).max(axis=0) > 0) & (np.abs(out).max(axis=0) < np.finfo(out.dtype).tiny)
     if lost.any():
         raise ValueError(
-            "the least-squares solution is below the float64 range (its entries would underflow to "
-            "subnormals or zero): rescale X or y"
+            f"{what} is below the {out.dtype} range (its entries would underflow to subnormals or "
+            f"zero): {fix}"
         )
     return out

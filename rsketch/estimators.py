@@ -19,7 +19,7 @@ from sklearn.utils.sparsefuncs import mean_variance_axis
 from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data
 
 from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
-from rsketch._exact_scaling import max_abs, shift_down, unit_exponent
+from rsketch._exact_scaling import scale_design, shift_down, unit_exponent
 from rsketch._validation import (
     LSTSQ_METHODS,
     check_allocation,
@@ -167,8 +167,8 @@ def _weighted_mean(weights, Z):
     xp = array_api_compat.array_namespace(mean)
     if bool(xp.all(xp.isfinite(mean))):
         return mean
-    e = unit_exponent(float(max_abs(Z)))
-    return shift_down((v @ shift_down(Z, e)) / total, -e)
+    scaled, e = scale_design(Z)
+    return shift_down((v @ scaled) / total, -e)
 
 
 def _data_norm(A, p) -> float:
@@ -312,20 +312,18 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         equations for the rest are those of the centred columns, ``B.T (I - a a.T / a.T a) B``.
 
         The system is solved scaled by powers of two (exact): ``B / k`` with ``k ~ sqrt(alpha)``, so
-        that the penalty is near one and ``||B / k||_F^2 < 2``, and ``b`` and ``a`` to entries
-        near one; at ``X`` of ``2^500`` (``alpha = 2^1000``) ``B.T B`` had overflowed to NaN, and at
-        ``2^-500`` underflowed to 0."""
+        that the penalty is near one and ``||B / k||_F^2 < 2``, and ``b`` and ``a`` out of the safe
+        range to entries near one (``scale_design``); at ``X`` of ``2^500`` (``alpha = 2^1000``)
+        ``B.T B`` had overflowed to NaN, and at ``2^-500`` underflowed to 0."""
         B = A[:, :-1] if intercept_col is not None else A
         k = math.frexp(alpha)[1] // 2  # alpha / 4**k in [1/2, 2)
-        eb = unit_exponent(float(max_abs(b)))
-        B, b = shift_down(B, k), shift_down(b, eb)
+        B, (b, eb) = shift_down(B, k), scale_design(b)
         # the p x p products on the host (a device X's are formed there, then moved)
         G = np.asarray((B.T @ B).toarray() if sp.issparse(B) else to_host(B.T @ B), dtype=np.float64)
         rhs = np.asarray(to_host(B.T @ b), dtype=np.float64)
         if intercept_col is not None:
             a = np.asarray(A[:, -1].toarray()).ravel()
-            ea = unit_exponent(float(max_abs(a)))
-            a = shift_down(a, ea)
+            a, ea = scale_design(a)
             ata, Bta, atb = float(a @ a), np.asarray(B.T @ a).ravel(), np.asarray(a @ b)
             if ata > 0:
                 G -= np.outer(Bta, Bta) / ata

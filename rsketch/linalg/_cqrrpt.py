@@ -19,7 +19,7 @@ from scipy.sparse.linalg import LinearOperator
 
 import rsketch.linalg._lowrank_array as array_lowrank
 from rsketch._backend import is_non_numpy_array
-from rsketch._exact_scaling import max_abs, shift_down, unit_exponent
+from rsketch._exact_scaling import scale_design
 from rsketch._validation import check_finite, check_int, check_operand, check_real, check_seed
 from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
@@ -396,9 +396,9 @@ def interpolative(A, rank, *, sketch="sparse_sign", sketch_size=None, seed=None)
             f"rank={rank} exceeds the numerical rank {res.rank} that qr_pivoted detected; the columns "
             "beyond it are numerically dependent"
         )
-    # R11^-1 R12 is scale-free: R scaled by a power of two near its largest entry first (exact), as
+    # R11^-1 R12 is scale-free: an R out of the safe range scaled first by a power of two (exact), as
     # a subnormal R11's back substitution overflowed through 1 / diag and gave NaN
-    R = shift_down(res.R, unit_exponent(float(max_abs(res.R))))
+    R, _ = scale_design(res.R)
     proj = scipy.linalg.solve_triangular(R[:rank, :rank], R[:rank, rank:], lower=False, check_finite=False)
     # int64 as interp_decomp's: SciPy's id_to_svd refuses LAPACK's int32 pivots (a buffer dtype mismatch)
     return InterpolativeResult(res.perm.astype(np.int64), proj, rank)

@@ -25,6 +25,18 @@ __all__ = [
 ]
 
 
+def timed(fn):
+    """``(fn(), wall seconds)`` of one call.
+
+    >>> out, seconds = timed(lambda: 2 + 2)
+    >>> out, seconds >= 0
+    (4, True)
+    """
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
 def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn()`` in seconds over ``repeats`` runs after ``warmup`` runs."""
     for _ in range(warmup):

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 import resource
-import time
 from pathlib import Path
 
 import numpy as np
 
 import rsketch
-from benchmarks._harness import Report, Target
+from benchmarks._harness import Report, Target, timed
 
 CHUNK_ROWS = 250_000
 MEMORY_LIMIT = "1.5GB"
@@ -46,12 +45,6 @@ def _store(n: int, p: int, rows: int) -> tuple[str, str]:
 
 def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def run(quick: bool = False) -> Report:
@@ -90,9 +83,9 @@ def run(quick: bool = False) -> Report:
         rsketch.efficiency(
             Xs, sketch="sparse_sign", sketch_size=100, y=Xs[:, 0] + 1, n_sketches=8, executor=client
         )
-        _, t_read = _timed(lambda: X.sum().compute())
+        _, t_read = timed(lambda: X.sum().compute())
         S = rsketch.SparseSign(n, r, seed=0)
-        _, t_sketch = _timed(lambda: (S @ X).compute())
+        _, t_sketch = timed(lambda: (S @ X).compute())
         report.rows.append({"what": "X.sum() (one read)", "seconds": t_read, "reads": 1.0})
         report.rows.append(
             {"what": f"S @ X (sparse sign, r={r})", "seconds": t_sketch, "reads": t_sketch / t_read}
@@ -102,11 +95,11 @@ def run(quick: bool = False) -> Report:
                 "S @ X within 2 reads of the store", f"{t_sketch / t_read:.2f} reads", t_sketch <= 2 * t_read
             )
         )
-        ref, t_dask = _timed(lambda: da.linalg.lstsq(X, y[:, None])[0].compute()[:, 0])
+        ref, t_dask = timed(lambda: da.linalg.lstsq(X, y[:, None])[0].compute()[:, 0])
         for kappa in (1.0, 1e8):
             scale = np.logspace(0, -np.log10(kappa), p)
             Xk = X * scale if kappa > 1 else X
-            res, t_ours = _timed(lambda Xk=Xk: rsketch.lstsq(Xk, y, seed=0))
+            res, t_ours = timed(lambda Xk=Xk: rsketch.lstsq(Xk, y, seed=0))
             ours_rss = float(np.linalg.norm((y - Xk @ res.coef).compute()))
             row = {"what": f"rsketch.lstsq, kappa={kappa:.0e}", "seconds": t_ours, "reads": t_ours / t_read}
             row.update(passes=res.log.passes, inner=res.log.inner, converged=res.converged)
@@ -136,8 +129,8 @@ def run(quick: bool = False) -> Report:
         kw = dict(
             sketch="sparse_sign", sketch_size=r if not quick else 500, y=ye, n_sketches=eff_draws, seed=3
         )
-        spread, t_spread = _timed(lambda: rsketch.efficiency(Xe, executor=client, **kw))
-        serial, t_serial = _timed(lambda: rsketch.efficiency(Xe, **kw))
+        spread, t_spread = timed(lambda: rsketch.efficiency(Xe, executor=client, **kw))
+        serial, t_serial = timed(lambda: rsketch.efficiency(Xe, **kw))
         same = np.array_equal(spread.pe_draws, serial.pe_draws) and np.array_equal(
             spread.wc_draws, serial.wc_draws
         )

@@ -21,8 +21,6 @@ Four cases, float64, 2 threads:
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
@@ -34,12 +32,6 @@ from benchmarks._harness import Report, Target, median_time, median_times_interl
 from benchmarks.solvers import _Tables
 
 THREADS = 2
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def _haar_matrix(m, n, s, seed):

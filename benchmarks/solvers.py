@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +24,7 @@ import scipy.sparse.linalg
 from threadpoolctl import threadpool_limits
 
 import rsketch
-from benchmarks._harness import Report, Target, median_time, median_times_interleaved, peak_memory
+from benchmarks._harness import Report, Target, median_time, median_times_interleaved, peak_memory, timed
 from rsketch.linalg import backward_error
 from rsketch.linalg.problems import make_problem
 
@@ -33,12 +32,6 @@ THREADS = 2
 _U = np.finfo(np.float64).eps / 2
 # (kappa, ||e|| / ||X coef||): well- and ill-conditioned, and issue 16's case (1e12, residual 1e-6).
 CONDS = ((1e1, 1e-1), (1e8, 1e-1), (1e12, 1e-6))
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def _ferr(coef, ref):
@@ -59,7 +52,7 @@ def _dense_rows(report, grid, conds, repeats, target):
             t_ours = median_time(lambda X=X, y=y: rsketch.lstsq(X, y, seed=0), repeats=repeats, warmup=0)
             ours = rsketch.lstsq(X, y, seed=0)
             mem = peak_memory(lambda X=X, y=y: rsketch.lstsq(X, y, seed=0))
-            gelsy, t_gelsy = _timed(lambda X=X, y=y: scipy.linalg.lstsq(X, y, lapack_driver="gelsy")[0])
+            gelsy, t_gelsy = timed(lambda X=X, y=y: scipy.linalg.lstsq(X, y, lapack_driver="gelsy")[0])
             if (n, p) == target:
                 # The target's peer: a median of repeats, like ours (single gelsy runs at this size
                 # ranged 3.2-5.5 s on this shared machine).
@@ -67,7 +60,7 @@ def _dense_rows(report, grid, conds, repeats, target):
                     lambda X=X, y=y: scipy.linalg.lstsq(X, y, lapack_driver="gelsy"), repeats=3, warmup=0
                 )
             mem_gelsy = peak_memory(lambda X=X, y=y: scipy.linalg.lstsq(X, y, lapack_driver="gelsy"))
-            gelsd, t_np = _timed(lambda X=X, y=y: np.linalg.lstsq(X, y, rcond=None)[0])
+            gelsd, t_np = timed(lambda X=X, y=y: np.linalg.lstsq(X, y, rcond=None)[0])
             r_ours, r_gelsy = _rnorm(X, y, ours.coef), _rnorm(X, y, gelsy)
             fe_ours, fe_gelsy, fe_np = _ferr(ours.coef, P.coef), _ferr(gelsy, P.coef), _ferr(gelsd, P.coef)
             be_ours, be_gelsy = backward_error(X, y, ours.coef), backward_error(X, y, gelsy)
@@ -113,7 +106,7 @@ def _sparse_row(report, n, p, repeats):
     rsketch.lstsq(X, y, seed=0)
     t_ours = median_time(lambda: rsketch.lstsq(X, y, seed=0), repeats=repeats, warmup=0)
     ours = rsketch.lstsq(X, y, seed=0)
-    lsqr, t_lsqr = _timed(lambda: scipy.sparse.linalg.lsqr(X, y, atol=1e-14, btol=1e-14, iter_lim=20_000))
+    lsqr, t_lsqr = timed(lambda: scipy.sparse.linalg.lsqr(X, y, atol=1e-14, btol=1e-14, iter_lim=20_000))
     report.rows.append(
         {
             "case": f"sparse 1% n={n:,} p={p} kappa=1e2",
@@ -140,7 +133,7 @@ def _sketch_and_solve_rows(report, n, p, repeats):
         run = lambda kind=kind: rsketch.lstsq(
             X, y, method="sketch_and_solve", sketch=kind, sketch_size=r, seed=0
         )
-        res, t_first = _timed(run)
+        res, t_first = timed(run)
         # Gaussian (r n normals) and leverage (an SVD of X) take seconds: time them once.
         t = t_first if kind in ("gaussian", "leverage") else median_time(run, repeats=repeats, warmup=0)
         report.rows.append(

@@ -510,10 +510,12 @@ def check_passes(passes) -> int:
     return check_int(passes, "passes", minimum=1, maximum=MAX_PASSES)
 
 
-def _check_basis_memory(m, n, rank, width, passes, method, tol, dtype, kept=False):
+def _check_basis_memory(m, n, rank, width, passes, method, tol, dtype, kept=None):
     """``MemoryError`` before the range finder allocates a basis beyond the memory (a large
-    LinearOperator met NumPy's bare "Unable to allocate"); with ``kept`` (:func:`svd`), also the
-    ``n``-long ``B.T``, a copy of it where it is factored, and block Krylov's two product buffers."""
+    LinearOperator met NumPy's bare "Unable to allocate"). With ``kept`` (:func:`svd`), also the
+    ``n``-long ``B.T``, a copy of it where it is factored, block Krylov's two product buffers, and
+    its products kept beside the basis: ``"m"`` for sparse ``A`` (``A A.T Q_j``), ``"n"`` for dense
+    (``A.T Q_j``, then ``B.T`` itself)."""
     blocks = 1 if method == "subspace" else min((passes - 1) // 2, min(m, n) // width - 1) + 1
     # the basis, a scratch block, and as much again for what the last steps hold beside them (svd's U,
     # a Householder QR's copy of the space; the adaptive finder's old and new Q): measured (tracemalloc,
@@ -521,6 +523,7 @@ def _check_basis_memory(m, n, rank, width, passes, method, tol, dtype, kept=Fals
     # where basis and scratch alone (2, 3 and 1) let an accepted call need all the memory
     columns = 2 * rank + width if tol is not None else width * (2 * blocks + 2)
     beside = width + PROBES + (2 * max(width * blocks, rank) + 2 * width if kept else 0)
+    columns += width * blocks if kept == "m" else 0
     check_allocation(
         (m * columns + n * beside) * np.dtype(dtype).itemsize,
         f"the range finder's basis of {m:,} x {columns:,} and blocks of {n:,} x {beside:,}",
@@ -944,7 +947,8 @@ def svd(
     rows, cols = M.shape
     krylov_width = block_size if tol is None else None
     width = min(krylov_width or rank + oversample, rows, cols)
-    _check_basis_memory(rows, cols, rank, width, check_passes(passes), method, tol, dtype, kept=True)
+    kept = "m" if sp.issparse(M) else "n"
+    _check_basis_memory(rows, cols, rank, width, check_passes(passes), method, tol, dtype, kept=kept)
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), cols, dtype)

@@ -870,11 +870,12 @@ def svd(
     """Randomized truncated SVD ``A ~ U diag(s) Vt`` of rank ``rank`` (HMT, section 5.1).
 
     The range finder (:func:`range_finder`, same parameters) gives ``Q``; then ``B = Q.T A``
-    (one pass), the SVD of the small ``B``, ``U = Q U_B``. A sparse ``A`` with more rows than
-    columns is decomposed as ``A.T`` (the basis then has ``n`` rows, not ``m``), and
-    the tall ``A Q`` is factored through its Gram where that loses nothing measurable
-    (``docs/lowrank.md``). With ``flip_sign`` the signs follow scikit-learn's ``svd_flip``
-    (``u_based_decision``), so results compare with ``randomized_svd``.
+    (one pass), the SVD of the small ``B``, ``U = Q U_B``. A sparse ``A`` is decomposed on its
+    short side (as ``A.T`` where it has more rows than columns), and ``B`` through its Gram
+    ``B B.T`` where the Gram's rounding is a millionth of the error or less, else exactly
+    (``docs/lowrank.md``); block Krylov then reports ``passes=5`` as 8 passes (6 for dense ``A``).
+    With ``flip_sign`` the signs follow scikit-learn's ``svd_flip`` (``u_based_decision``), so
+    results compare with ``randomized_svd``.
 
     Parameters
     ----------

@@ -570,8 +570,8 @@ def _find_range(
             method = "subspace"  # 2,000 x 100 made 2 products and reported 6); subspace does them
             width = min(rank + oversample, m, n)
         else:
-            passes = 2 * min((passes - 1) // 2, fits) + 1  # the passes it makes, as reported
-            _check_krylov_space(width, passes, min(rank + oversample, m, n))
+            asked, passes = passes, 2 * min((passes - 1) // 2, fits) + 1  # the passes it makes, as reported
+            _check_krylov_space(width, passes, asked, rank, min(rank + oversample, m, n))
     _check_basis_memory(m, n, rank, width, passes, method, tol, dtype)
     if tol is not None:
         if is_dask_array(A) or is_non_numpy_array(A):
@@ -589,21 +589,29 @@ def _find_range(
         probes = _Probes.draw(np.random.default_rng(seeds[1]), n, dtype)
     if is_non_numpy_array(A):
         return _array_range(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, error_probes)
-    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes)
+    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, min(rank + oversample, m, n))
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
     return RangeFinderResult(Q, est, passes, method)
 
 
-def _check_krylov_space(width, passes, needed):
+def _check_krylov_space(width, passes, asked, rank, needed):
     """``ValueError`` where blocks of ``width`` columns in ``passes`` span fewer than ``needed``
-    (``rank + oversample``) columns: the rank asked for could not be returned."""
+    (``rank + oversample``) columns: the rank asked for could not be returned. Where ``min(m, n)``
+    cut the ``asked`` passes down, the space need only hold ``rank``."""
     space = width * ((passes - 1) // 2 + 1)
-    if space < needed:
-        least = 2 * (-(-needed // width) - 1) + 1
+    capped = passes < asked
+    if space >= needed or (capped and space >= rank):
+        return
+    if capped:
         raise ValueError(
-            f"block_size={width} with passes={passes} spans {space} columns, fewer than "
-            f"rank + oversample = {needed}: give passes >= {least} or a larger block_size"
+            f"block_size={width} spans at most {space} columns within min(m, n) (whole blocks), fewer "
+            f"than rank = {rank}: give a larger block_size"
         )
+    least = 2 * (-(-needed // width) - 1) + 1
+    raise ValueError(
+        f"block_size={width} with passes={passes} spans {space} columns, fewer than "
+        f"rank + oversample = {needed}: give passes >= {least} or a larger block_size"
+    )
 
 
 def _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep):
@@ -641,7 +649,7 @@ def _array_range(A, width, passes, method, sketch, seed, dtype, keep, probes, er
     return RangeFinderResult(Q, est, passes, method)
 
 
-def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None):
+def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None, needed=0):
     """The range finder's basis (Fortran-ordered; ``l (q + 1)`` columns for block Krylov).
 
     One buffer holds ``A @ probes.W`` (when given) and then the basis' blocks, each a contiguous
@@ -664,7 +672,7 @@ def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None
         probes.AW = buffer[:, :p]
     K, scratch = buffer[:, p:], np.empty((m, width), dtype=dtype, order="F")
     if method == "block_krylov":
-        return _block_krylov(A, K, width, scratch, keep)
+        return _block_krylov(A, K, width, scratch, keep, needed)
     Q = _orth(K, scratch)
     for _ in range(rounds):
         Z = _orth(_rmatmat(A, Q))
@@ -682,7 +690,7 @@ class _Kept:
     gram: np.ndarray | None = None
 
 
-def _block_krylov(A, K, width, scratch, keep):
+def _block_krylov(A, K, width, scratch, keep, needed=0):
     """Block Krylov in the Fortran-ordered basis ``K`` (its first block ``A S.T``; each block a
     contiguous ``m x l`` slice) with one scratch block. ``keep`` (a list) receives a :class:`_Kept`
     unless the space had to be re-orthonormalised: for a dense ``A``, the products ``A.T Q_j``,
@@ -690,7 +698,9 @@ def _block_krylov(A, K, width, scratch, keep):
     short side, the Gram ``Q.T A A.T Q`` from the ``m``-long ``A A.T Q_j`` (each the block before
     its orthogonalisation, times ``R``), so nothing ``n`` long is kept. The ``n x l`` products are
     orthonormalised in two buffers allocated once: a fresh array costs its page faults (1.2-1.6 s a
-    gigabyte on the machines measured) on every round."""
+    gigabyte on the machines measured) on every round. A space that ``A``'s range no longer feeds
+    stops there, but with at least ``needed`` columns (blocks narrower than that go on into
+    rounding noise, orthonormal directions as a wide block's last one would be)."""
     n = A.shape[1]
     gram = keep is not None and sp.issparse(A)
     order = _product_order(A)
@@ -710,19 +720,22 @@ def _block_krylov(A, K, width, scratch, keep):
         Z, R = _orth(P, P_scratch, with_r=True)
         _matmat(A, Z, out=block)
         if gram:
-            np.matmul(block, R, out=kept[:, behind])  # A A.T Q_{j-1} = (A Z) R
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow: _sparse_finish refuses G
+                np.matmul(block, R, out=kept[:, behind])  # A A.T Q_{j-1} = (A Z) R
         for _ in range(2):  # CGS2 against the space so far: the blocks need no final QR
             np.matmul((done.T @ block).T, done.T, out=scratch.T)
             block -= scratch
         _orth_into(block, scratch)
-        if np.abs(done.T @ block).max() > array_lowrank.KRYLOV_ORTH_TOL[K.dtype]:  # noise: A's rank is spent
+        spent = np.abs(done.T @ block).max() > array_lowrank.KRYLOV_ORTH_TOL[K.dtype]  # noise: A's rank
+        if spent and (j + 1) * width >= needed:
             return _reorthonormalize(K[:, : (j + 1) * width])
     if keep is not None and gram:
         last = slice(K.shape[1] - width, None)
         _rmatmat(A, K[:, last], out=P)
         _matmat(A, P, out=kept[:, last])  # two more passes
-        G = K.T @ kept
-        keep.append(_Kept(gram=(G + G.T) / 2))
+        with np.errstate(over="ignore", invalid="ignore"):
+            G = K.T @ kept
+            keep.append(_Kept(gram=(G + G.T) / 2))
     elif keep is not None:
         keep.append(_Kept(Bt=kept, done=K.shape[1] - width))
     return K
@@ -921,17 +934,7 @@ def svd(
     A, dtype = _check_matrix(A, dask=True, device=True)
     m, n = A.shape
     rank = _check_rank(rank, m, n)
-    if is_dask_array(A):
-        return _dask_svd(
-            A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0
-        )
-    if is_non_numpy_array(A):
-        return _array_svd(
-            A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0
-        )
-    check_seed(seed)
     check_option(method, "method", RANGE_METHODS)
-    oversample = check_int(oversample, "oversample", minimum=0)
     if block_size is not None:
         block_size = check_int(block_size, "block_size", minimum=1)
         if method == "subspace" and tol is None:
@@ -940,13 +943,24 @@ def svd(
                 "iteration's block is rank + oversample: leave block_size out or use "
                 "method='block_krylov'"
             )
+    krylov_width = block_size if tol is None else None
+    args = (rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0)
+    if is_dask_array(A) or is_non_numpy_array(A):
+        if krylov_width is not None and krylov_width < min(rank + check_int(oversample, "oversample"), m, n):
+            raise ValueError(  # their block Krylov stops at a spent space with the blocks it has
+                f"block_size={krylov_width} below rank + oversample is available for in-memory input; "
+                "for Dask or device input give block_size >= rank + oversample, or leave it out"
+            )
+        svd_on = _dask_svd if is_dask_array(A) else _array_svd
+        return svd_on(A, *args, krylov_width)
+    check_seed(seed)
+    oversample = check_int(oversample, "oversample", minimum=0)
     # The range of A.T where A is sparse and taller than wide: the basis, its QRs and the products
     # kept for B are n rows long, not m (a dense A's GEMMs dwarf them either way; an operator's
-    # errors would name the wrong product).
-    transposed = m > n and sp.issparse(A)
+    # errors would name the wrong product; a sketch operator given fixes the side by its shape).
+    transposed = m > n and sp.issparse(A) and isinstance(sketch, str)
     M = _transpose(A) if transposed else A
     rows, cols = M.shape
-    krylov_width = block_size if tol is None else None
     width = min(krylov_width or rank + oversample, rows, cols)
     kept = "m" if sp.issparse(M) else "n"
     _check_basis_memory(rows, cols, rank, width, check_passes(passes), method, tol, dtype, kept=kept)
@@ -1031,12 +1045,10 @@ def _sparse_finish(M, Q, k, gram=None):
     Bt, passes = None, 0
     if gram is None:
         Bt, passes = _rmatmat(M, Q), 1
-        gram = Bt.T @ Bt
-    lam, E = np.linalg.eigh(gram)
-    lam, E = lam[::-1], E[:, ::-1]
-    loss = 2 * k * (l + M.shape[1]) * np.finfo(gram.dtype).eps * lam[0]
-    if k < l and lam[k] > 0 and loss * GRAM_FINISH_MARGIN <= lam[k]:
-        Ek = np.ascontiguousarray(E[:, :k])
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            gram = Bt.T @ Bt
+    if _gram_serves(gram, k, M.shape[1]):
+        Ek = np.ascontiguousarray(np.linalg.eigh(gram)[1][:, ::-1][:, :k])
         Y = Bt @ Ek if Bt is not None else _rmatmat(M, Q @ Ek)
         W, R = _orth(Y, with_r=True)
         Ur, s, Vrt = np.linalg.svd(R)
@@ -1046,6 +1058,26 @@ def _sparse_finish(M, Q, k, gram=None):
     W, R = _orth(Bt, with_r=True)  # Bt is a temporary
     Ur, s, Vrt = np.linalg.svd(R)
     return Q @ Vrt[:k].T, s[:k], (W @ Ur[:, :k]).T, passes
+
+
+def _gram_serves(gram, k, n):
+    """Whether :func:`_sparse_finish` may take the Gram's eigenvectors: ``G`` finite (its entries,
+    squares of ``A``'s scale, had overflowed at ``||A|| ~ 1e154``), ``lambda_{k+1}`` a normal
+    number with all its digits (at ``A`` scaled by ``2^-530`` the Gram was subnormal and ``s``
+    came out ``1e-5`` off) and the Gram's rounding at most ``lambda_{k+1} / GRAM_FINISH_MARGIN``.
+
+    Examples
+    --------
+    >>> _gram_serves(np.diag([4.0, 2.0, 1.0]), 2, 100), _gram_serves(np.diag([4.0, 2.0, 0.0]), 2, 100)
+    (True, False)
+    """
+    l = gram.shape[0]
+    if k >= l or not np.isfinite(gram).all():
+        return False
+    lam = np.linalg.eigvalsh(gram)[::-1]
+    finfo = np.finfo(gram.dtype)
+    loss = 2 * k * (l + n) * finfo.eps * lam[0]
+    return bool(lam[k] >= finfo.tiny / finfo.eps and loss * GRAM_FINISH_MARGIN <= lam[k])
 
 
 def _wide_svd(B):
@@ -1087,10 +1119,14 @@ def _flip_signs(U, Vt):
     return U, Vt
 
 
-def _dask_svd(A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0):
+def _dask_svd(
+    A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0, krylov_width
+):
     """:func:`svd` of a tall Dask ``A``: ``U`` a Dask array (persisted), ``s`` and ``Vt`` in memory."""
     keep = []  # tol: refused by _find_range (the adaptive range finder is not available for Dask)
-    found = _find_range(A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep)
+    found = _find_range(
+        A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, None, krylov_width
+    )
     t1 = time.perf_counter()
     B = dask_lowrank.project(A, found.Q, keep)
     Ub, s, Vt = _wide_svd(B)
@@ -1116,14 +1152,16 @@ def _dask_svd(A, rank, sketch, oversample, passes, method, tol, error_probes, fl
     return SVDResult(U, s.astype(dtype, copy=False), Vt, est, passes_used, timings)
 
 
-def _array_svd(A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0):
+def _array_svd(
+    A, rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0, krylov_width
+):
     """:func:`svd` of an ``A`` of another library: the steps of the in-memory path with the same
     sketch and probes; ``U``, ``s`` and ``Vt`` returned on ``A``'s device."""
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), A.shape[1], dtype)
     found = _find_range(  # refuses tol for device input
-        A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes
+        A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes, krylov_width
     )
     t1 = time.perf_counter()
     Ub, s, Vt = _wide_svd(array_lowrank.project(A, found.Q, keep))

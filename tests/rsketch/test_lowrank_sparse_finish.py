@@ -110,3 +110,73 @@ def test_orth_returns_the_triangle_of_every_branch(kind):
     Q, R = _orth(Y.copy(), with_r=True)
     np.testing.assert_allclose(Q.T @ Q, np.eye(12), atol=1e-13)
     np.testing.assert_allclose(Q @ R, Y, atol=1e-14 * np.abs(Y).max() * 50)
+
+
+# Found by a review of the sparse path (2026-12-06): each failed on the code before its fix.
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_narrow_blocks_on_a_spent_space_still_return_rank_components(sparse):
+    # rank 3 asked at rank 5 with blocks of 2: the space is spent after two blocks (4 columns)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((500, 3)) @ rng.standard_normal((3, 60))
+    res = rsketch.svd(sp.csr_matrix(X) if sparse else X, 5, block_size=2, passes=15, seed=0)
+    assert res.U.shape == (500, 5) and res.s.shape == (5,) and res.Vt.shape == (5, 60)
+    np.testing.assert_allclose(res.s[:3], np.linalg.svd(X, compute_uv=False)[:3], rtol=1e-12)
+    assert np.all(res.s[3:] <= 1e-12 * res.s[0])
+
+
+@pytest.mark.parametrize("dtype, scale", [(np.float64, 1e160), (np.float32, 1e20)])
+def test_a_sparse_matrix_whose_gram_overflows_is_decomposed_without_warnings(dtype, scale):
+    # sigma_1^2 overflows: the Gram is refused and B.T factored by the rescaling CholeskyQR
+    A = sp.random(600, 80, density=0.1, format="csr", random_state=1, dtype=dtype) * dtype(scale)
+    s_true = np.linalg.svd(A.toarray().astype(np.float64) / scale, compute_uv=False)
+    for M in (A, A.T.tocsr()):
+        for kwargs in ({}, {"passes": 1}):
+            with np.errstate(all="raise"):  # no overflow reaches NumPy's warnings
+                res = rsketch.svd(M, 5, seed=0, **kwargs)
+            assert res.s.dtype == dtype and np.isfinite(res.s).all()
+            if not kwargs:  # (one pass on this flat spectrum is 14% off sigma_1 at any scale)
+                assert abs(res.s[0] / scale / s_true[0] - 1) < 1e-3
+
+
+def test_a_sparse_matrix_at_subnormal_gram_scale_keeps_its_digits():
+    # A scaled by 2^-530 (exact): its Gram is subnormal, where eigh's eigenvectors had lost 1e-5
+    rng = np.random.default_rng(2)
+    m, n, k = 3000, 300, 6
+    U = np.linalg.qr(rng.standard_normal((m, n)))[0]
+    V = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    s = 0.9 ** np.arange(n)
+    c = 2.0**-530
+    res = rsketch.svd(sp.csr_matrix((U * s) @ V.T * c), k, passes=7, seed=0)
+    np.testing.assert_allclose(res.s / c, s[:k], rtol=1e-12)
+
+
+def test_a_sketch_operator_fixes_the_side_of_a_tall_sparse_matrix():
+    A = sp.random(600, 80, density=0.1, format="csr", random_state=1)
+    S = rsketch.make_sketch("gaussian", 80, 15, seed=0)  # shaped for A's columns
+    ours, dense = rsketch.svd(A, 5, sketch=S, seed=0), rsketch.svd(A.toarray(), 5, sketch=S, seed=0)
+    np.testing.assert_allclose(ours.s, dense.s, rtol=1e-12)
+
+
+def test_block_size_for_dask_input_is_passed_on_or_refused():
+    da = pytest.importorskip("dask.array")
+    X = np.random.default_rng(3).standard_normal((2000, 60)) * np.exp(-np.arange(60) / 6)
+    D = da.from_array(X, chunks=(500, 60))
+    with pytest.raises(ValueError, match="block_size=3 below rank \\+ oversample is available for in-memory"):
+        rsketch.svd(D, 5, block_size=3, passes=11)
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        rsketch.svd(D, 5, block_size=0)
+    wide = rsketch.svd(D, 5, block_size=20, passes=5, seed=0)
+    np.testing.assert_allclose(wide.s, rsketch.svd(X, 5, block_size=20, passes=5, seed=0).s, rtol=1e-10)
+    assert wide.s.shape == (5,)
+
+
+def test_a_space_capped_by_min_m_n_need_only_hold_the_rank():
+    A = sp.random(500, 20, density=0.5, format="csr", random_state=0)
+    res = rsketch.svd(A, 15, block_size=3, passes=41, seed=0)  # 6 blocks of 3 fit: 18 columns
+    s_true = np.linalg.svd(A.toarray(), compute_uv=False)[:15]
+    assert res.s.shape == (15,) and np.all(res.s <= s_true * (1 + 1e-12))
+    np.testing.assert_allclose(res.s[0], s_true[0], rtol=1e-10)
+    with pytest.raises(ValueError, match="spans at most 18 columns within min"):
+        rsketch.svd(A, 20, block_size=3, passes=41)

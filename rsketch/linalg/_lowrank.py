@@ -589,7 +589,8 @@ def _find_range(
         probes = _Probes.draw(np.random.default_rng(seeds[1]), n, dtype)
     if is_non_numpy_array(A):
         return _array_range(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, error_probes)
-    Q = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, min(rank + oversample, m, n))
+    needed = min(rank + oversample, m, n)
+    Q, passes = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, needed)
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
     return RangeFinderResult(Q, est, passes, method)
 
@@ -650,7 +651,8 @@ def _array_range(A, width, passes, method, sketch, seed, dtype, keep, probes, er
 
 
 def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None, needed=0):
-    """The range finder's basis (Fortran-ordered; ``l (q + 1)`` columns for block Krylov).
+    """The range finder's basis (Fortran-ordered; ``l (q + 1)`` columns for block Krylov) and the
+    passes it made (fewer than ``passes`` where block Krylov found ``A``'s range spent).
 
     One buffer holds ``A @ probes.W`` (when given) and then the basis' blocks, each a contiguous
     ``m x l`` slice, so the first product from ``A`` writes both in one GEMM and no ``m x l`` array
@@ -672,12 +674,13 @@ def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None
         probes.AW = buffer[:, :p]
     K, scratch = buffer[:, p:], np.empty((m, width), dtype=dtype, order="F")
     if method == "block_krylov":
-        return _block_krylov(A, K, width, scratch, keep, needed)
+        Q, made = _block_krylov(A, K, width, scratch, keep, needed)
+        return Q, passes - 2 * (rounds - made)
     Q = _orth(K, scratch)
     for _ in range(rounds):
         Z = _orth(_rmatmat(A, Q))
         Q = _orth(_matmat(A, Z, out=Q), scratch)  # the last block's memory is free now
-    return Q
+    return Q, passes
 
 
 @dataclass(frozen=True)
@@ -700,7 +703,8 @@ def _block_krylov(A, K, width, scratch, keep, needed=0):
     orthonormalised in two buffers allocated once: a fresh array costs its page faults (1.2-1.6 s a
     gigabyte on the machines measured) on every round. A space that ``A``'s range no longer feeds
     stops there, but with at least ``needed`` columns (blocks narrower than that go on into
-    rounding noise, orthonormal directions as a wide block's last one would be)."""
+    rounding noise, orthonormal directions as a wide block's last one would be). Returns the basis
+    and the rounds it made (two products each)."""
     n = A.shape[1]
     gram = keep is not None and sp.issparse(A)
     order = _product_order(A)
@@ -728,7 +732,7 @@ def _block_krylov(A, K, width, scratch, keep, needed=0):
         _orth_into(block, scratch)
         spent = np.abs(done.T @ block).max() > array_lowrank.KRYLOV_ORTH_TOL[K.dtype]  # noise: A's rank
         if spent and (j + 1) * width >= needed:
-            return _reorthonormalize(K[:, : (j + 1) * width])
+            return _reorthonormalize(K[:, : (j + 1) * width]), j
     if keep is not None and gram:
         last = slice(K.shape[1] - width, None)
         _rmatmat(A, K[:, last], out=P)
@@ -738,7 +742,7 @@ def _block_krylov(A, K, width, scratch, keep, needed=0):
             keep.append(_Kept(gram=(G + G.T) / 2))
     elif keep is not None:
         keep.append(_Kept(Bt=kept, done=K.shape[1] - width))
-    return K
+    return K, K.shape[1] // width - 1
 
 
 def _product_order(A):

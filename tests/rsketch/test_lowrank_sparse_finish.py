@@ -180,3 +180,23 @@ def test_a_space_capped_by_min_m_n_need_only_hold_the_rank():
     np.testing.assert_allclose(res.s[0], s_true[0], rtol=1e-10)
     with pytest.raises(ValueError, match="spans at most 18 columns within min"):
         rsketch.svd(A, 20, block_size=3, passes=41)
+
+
+def test_passes_counts_the_products_made_when_block_krylov_finds_the_range_spent():
+    # A rank-3 operator: the space is spent at the second block; 16 passes had been reported for 12
+    from scipy.sparse.linalg import LinearOperator
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((400, 3)) @ rng.standard_normal((3, 90))
+    made = []
+    op = LinearOperator(
+        X.shape, matvec=lambda v: X @ v, rmatvec=lambda v: X.T @ v, dtype=float,
+        matmat=lambda V: made.append("A") or X @ V, rmatmat=lambda V: made.append("A.T") or X.T @ V,
+    )  # fmt: skip
+    kwargs = {"oversample": 2, "passes": 15, "error_probes": False, "seed": 0}
+    found = rsketch.range_finder(op, 3, method="block_krylov", **kwargs)
+    assert found.passes == len(made) < 15
+    made.clear()
+    res = rsketch.svd(op, 3, **kwargs)
+    assert res.passes == len(made) < 16
+    np.testing.assert_allclose(res.s, np.linalg.svd(X, compute_uv=False)[:3], rtol=1e-12)

@@ -950,7 +950,8 @@ def svd(
     krylov_width = block_size if tol is None else None
     args = (rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0)
     if is_dask_array(A) or is_non_numpy_array(A):
-        if krylov_width is not None and krylov_width < min(rank + check_int(oversample, "oversample"), m, n):
+        oversample = check_int(oversample, "oversample", minimum=0)
+        if krylov_width is not None and krylov_width < min(rank + oversample, m, n):
             raise ValueError(  # their block Krylov stops at a spent space with the blocks it has
                 f"block_size={krylov_width} below rank + oversample is available for in-memory input; "
                 "for Dask or device input give block_size >= rank + oversample, or leave it out"

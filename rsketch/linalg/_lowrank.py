@@ -947,10 +947,10 @@ def svd(
                 "iteration's block is rank + oversample: leave block_size out or use "
                 "method='block_krylov'"
             )
+    oversample = check_int(oversample, "oversample", minimum=0)
     krylov_width = block_size if tol is None else None
     args = (rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0)
     if is_dask_array(A) or is_non_numpy_array(A):
-        oversample = check_int(oversample, "oversample", minimum=0)
         if krylov_width is not None and krylov_width < min(rank + oversample, m, n):
             raise ValueError(  # their block Krylov stops at a spent space with the blocks it has
                 f"block_size={krylov_width} below rank + oversample is available for in-memory input; "
@@ -959,7 +959,6 @@ def svd(
         svd_on = _dask_svd if is_dask_array(A) else _array_svd
         return svd_on(A, *args, krylov_width)
     check_seed(seed)
-    oversample = check_int(oversample, "oversample", minimum=0)
     # The range of A.T where A is sparse and taller than wide: the basis, its QRs and the products
     # kept for B are n rows long, not m (a dense A's GEMMs dwarf them either way; an operator's
     # errors would name the wrong product; a sketch operator given fixes the side by its shape).
@@ -1052,8 +1051,8 @@ def _sparse_finish(M, Q, k, gram=None):
         Bt, passes = _rmatmat(M, Q), 1
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             gram = Bt.T @ Bt
-    if _gram_serves(gram, k, M.shape[1]):
-        Ek = np.ascontiguousarray(np.linalg.eigh(gram)[1][:, ::-1][:, :k])
+    Ek = _gram_subspace(gram, k, M.shape[1])
+    if Ek is not None:
         Y = Bt @ Ek if Bt is not None else _rmatmat(M, Q @ Ek)
         W, R = _orth(Y, with_r=True)
         Ur, s, Vrt = np.linalg.svd(R)
@@ -1065,24 +1064,30 @@ def _sparse_finish(M, Q, k, gram=None):
     return Q @ Vrt[:k].T, s[:k], (W @ Ur[:, :k]).T, passes
 
 
-def _gram_serves(gram, k, n):
-    """Whether :func:`_sparse_finish` may take the Gram's eigenvectors: ``G`` finite (its entries,
-    squares of ``A``'s scale, had overflowed at ``||A|| ~ 1e154``), ``lambda_{k+1}`` a normal
-    number with all its digits (at ``A`` scaled by ``2^-530`` the Gram was subnormal and ``s``
-    came out ``1e-5`` off) and the Gram's rounding at most ``lambda_{k+1} / GRAM_FINISH_MARGIN``.
+def _gram_subspace(gram, k, n):
+    """The Gram's ``k`` leading eigenvectors ``E_k`` (C-ordered), or None where :func:`_sparse_finish`
+    may not take them: ``G`` not finite (its entries, squares of ``A``'s scale, had overflowed at
+    ``||A|| ~ 1e154``), ``lambda_{k+1}`` not a normal number with all its digits (at ``A`` scaled by
+    ``2^-530`` the Gram was subnormal and ``s`` came out ``1e-5`` off), or the Gram's rounding above
+    ``lambda_{k+1} / GRAM_FINISH_MARGIN``. One ``eigh`` serves the test and the vectors.
 
     Examples
     --------
-    >>> _gram_serves(np.diag([4.0, 2.0, 1.0]), 2, 100), _gram_serves(np.diag([4.0, 2.0, 0.0]), 2, 100)
-    (True, False)
+    >>> np.abs(_gram_subspace(np.diag([4.0, 2.0, 1.0]), 2, 100)).tolist()
+    [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    >>> _gram_subspace(np.diag([4.0, 2.0, 0.0]), 2, 100) is None  # lambda_3 = 0: the exact finish
+    True
     """
     l = gram.shape[0]
     if k >= l or not np.isfinite(gram).all():
-        return False
-    lam = np.linalg.eigvalsh(gram)[::-1]
+        return None
+    lam, E = np.linalg.eigh(gram)
+    lam, E = lam[::-1], E[:, ::-1]
     finfo = np.finfo(gram.dtype)
     loss = 2 * k * (l + n) * finfo.eps * lam[0]
-    return bool(lam[k] >= finfo.tiny / finfo.eps and loss * GRAM_FINISH_MARGIN <= lam[k])
+    if lam[k] >= finfo.tiny / finfo.eps and loss * GRAM_FINISH_MARGIN <= lam[k]:
+        return np.ascontiguousarray(E[:, :k])
+    return None
 
 
 def _wide_svd(B):

@@ -976,6 +976,67 @@ csr_transpose_times_dense = _with_serial_twin(
 )
 
 
+@njit(cache=True)
+def _scatter_plan(indptr, indices, data, width, starts, rows, cols, vals):  # pragma: no cover - compiled
+    # A stable counting sort of the nonzeros by panel (column // width): within a panel they stay
+    # in row order, so each output entry is summed in the order of the rows.
+    for t in range(indices.size):
+        starts[indices[t] // width + 1] += 1
+    for p in range(starts.size - 1):
+        starts[p + 1] += starts[p]
+    fill = starts[:-1].copy()
+    for i in range(indptr.size - 1):
+        for t in range(indptr[i], indptr[i + 1]):
+            j = indices[t]
+            d = fill[j // width]
+            rows[d], cols[d], vals[d] = i, j, data[t]
+            fill[j // width] = d + 1
+
+
+def scatter_plan(indptr, indices, data, n, width):
+    """The nonzeros of a CSR ``A`` (``m x n``) sorted by panels of ``width`` columns, then by row.
+
+    Returns ``(starts, rows, cols, vals)``: panel ``p``'s nonzeros are ``starts[p]:starts[p + 1]``
+    (``int64``), ``rows``/``cols`` in ``int32`` where ``m`` and ``n`` fit it, else ``int64``, and
+    ``vals`` in ``data``'s dtype. :func:`planned_scatter` computes ``A.T @ Z`` from it.
+    """
+    m = indptr.size - 1
+    index = np.int32 if max(m, n) < 2**31 else np.int64
+    starts = np.zeros(-(-n // width) + 1, dtype=np.int64)
+    rows, cols = np.empty(indices.size, dtype=index), np.empty(indices.size, dtype=index)
+    vals = np.empty(indices.size, dtype=data.dtype)
+    _scatter_plan(indptr, indices, data, width, starts, rows, cols, vals)
+    return starts, rows, cols, vals
+
+
+@njit(parallel=True, cache=True)
+def _planned_scatter_par(starts, rows, cols, vals, width, Z, out):
+    """``out = A.T @ Z`` from :func:`scatter_plan`'s panels, one panel a task.
+
+    A panel's rows of ``out`` are its own: they are summed in a zeroed C-ordered block (a cache's
+    worth, where the unplanned scatter adds into private ``n x k`` sums at random) and then
+    written, whatever ``out``'s order. Each entry is summed in the order of ``A``'s rows, so the
+    result does not depend on the panels or the thread count.
+    """
+    n, k = out.shape
+    for p in prange(starts.size - 1):
+        base = p * width
+        w = min(width, n - base)
+        block = np.zeros((w, k), dtype=out.dtype)
+        for t in range(starts[p], starts[p + 1]):
+            v, i, j = vals[t], rows[t], cols[t] - base
+            for c in range(k):
+                block[j, c] += v * Z[i, c]
+        for j in range(w):
+            for c in range(k):
+                out[base + j, c] = block[j, c]
+
+
+planned_scatter = _with_serial_twin(
+    _planned_scatter_par, lambda starts, rows, cols, vals, width, Z, out: vals.size * out.shape[1]
+)
+
+
 # ============================================================================ normal-equation passes
 # One-pass kernels for the iterative finish of the least-squares solvers. Both read each row of a
 # C-contiguous X once and use it twice while it is in cache, so one call costs one streaming pass

@@ -650,11 +650,12 @@ def _array_range(A, width, passes, method, sketch, seed, dtype, keep, probes, er
     if method == "block_krylov":
         rounds = min(rounds, min(m, n) // width - 1)  # the space cannot outgrow min(m, n)
     W = None if probes is None else probes.W
-    Q, probes_AW = array_lowrank.basis(A, Z, rounds, method, keep, W)
+    Q, probes_AW, made = array_lowrank.basis(A, Z, rounds, method, keep, W)
     if probes is not None:
         probes.AW = probes_AW
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
-    return RangeFinderResult(Q, est, passes, method)
+    # the passes made: block Krylov stops where A's range is spent (it had reported the passes asked)
+    return RangeFinderResult(Q, est, passes - 2 * (rounds - made), method)
 
 
 def _basis(A, width, passes, method, sketch, seed, dtype, keep=None, probes=None, needed=0):

@@ -63,8 +63,9 @@ def basis(A, Z, rounds, method, keep=None, W=None):
     """The range finder's basis from the test block ``Z`` (host, ``n x l``): ``rounds`` rounds of subspace
     iteration or block Krylov after ``A @ Z``; with probes ``W`` (host), ``A @ W`` rides in that product.
 
-    Returns ``(Q, A @ W or None)``, arrays of ``A``'s library. ``keep`` receives ``Q_j.T A`` (host) of
-    every block Krylov block but the last.
+    Returns ``(Q, A @ W or None, rounds made)``, arrays of ``A``'s library. ``keep`` receives
+    ``Q_j.T A`` (host) of every block Krylov block but the last. Block Krylov stops at the round
+    that finds ``A``'s range spent, so it can make fewer rounds than ``rounds``.
     """
     xp = array_api_compat.array_namespace(A)
     first = Z if W is None else np.concatenate([W, Z], axis=1)
@@ -75,9 +76,9 @@ def basis(A, Z, rounds, method, keep=None, W=None):
         Q = orth(Y)
         for _ in range(rounds):
             Q = orth(A @ orth(xp.matrix_transpose(A) @ Q))
-        return Q, AW
+        return Q, AW, rounds
     blocks = [orth(Y)]
-    for _ in range(rounds):
+    for made in range(1, rounds + 1):
         P = xp.matrix_transpose(A) @ blocks[-1]  # A.T Q_{j-1}, (n, l)
         if keep is not None:
             keep.append(to_host(xp.matrix_transpose(P)))
@@ -89,9 +90,9 @@ def basis(A, Z, rounds, method, keep=None, W=None):
         if float(xp.max(xp.abs(xp.matrix_transpose(done) @ block))) > KRYLOV_ORTH_TOL[np.dtype(_dtype_of(A))]:
             if keep is not None:
                 keep.clear()  # the projections kept on the way no longer apply
-            return orth(xp.concat(blocks + [block], axis=1)), AW
+            return orth(xp.concat(blocks + [block], axis=1)), AW, made
         blocks.append(block)
-    return xp.concat(blocks, axis=1), AW
+    return xp.concat(blocks, axis=1), AW, rounds
 
 
 def _dtype_of(A):

@@ -217,6 +217,21 @@ def test_range_finder_on_strict_arrays_is_the_numpy_basis():
     assert max(ours.error_estimate, ref.error_estimate) <= 1e-12 * np.linalg.norm(A, 2)
 
 
+def test_passes_on_strict_arrays_are_those_made_where_block_krylov_finds_the_range_spent():
+    # rank 3 with blocks of 5: block Krylov finds the range spent (on rounding noise, so the round
+    # depends on the seed and the products' order) and stops; it keeps its blocks, one per pass pair,
+    # so the basis' width says how many passes it made. The device path had reported the 15 asked.
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((400, 3)) @ rng.standard_normal((3, 90))
+    for seed in range(4):
+        kwargs = {"oversample": 2, "passes": 15, "error_probes": False, "seed": seed}
+        found = rsketch.range_finder(on_device(X), 3, method="block_krylov", **kwargs)
+        assert found.passes < 15 and host(found.Q).shape[1] == 5 * (found.passes + 1) // 2
+        decomposed = rsketch.svd(on_device(X), 3, **kwargs)
+        assert decomposed.passes == found.passes + 1  # the same basis, then one pass for B
+        np.testing.assert_allclose(host(decomposed.s), np.linalg.svd(X, compute_uv=False)[:3], rtol=1e-12)
+
+
 def test_lowrank_on_strict_arrays_says_what_it_cannot_do():
     A = on_device(np.random.default_rng(11).standard_normal((60, 20)))
     with pytest.raises(ValueError, match="tol"):

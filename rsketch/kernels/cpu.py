@@ -979,9 +979,12 @@ csr_transpose_times_dense = _with_serial_twin(
 @njit(cache=True)
 def _scatter_plan(indptr, indices, data, width, starts, rows, cols, vals):  # pragma: no cover - compiled
     # A stable counting sort of the nonzeros by panel (column // width): within a panel they stay
-    # in row order, so each output entry is summed in the order of the rows.
-    for t in range(indices.size):
-        starts[indices[t] // width + 1] += 1
+    # in row order, so each output entry is summed in the order of the rows. Only the entries that
+    # indptr spans are counted: SciPy allows spare storage past them (counted, it had left
+    # unwritten slots that the product read as indices).
+    for i in range(indptr.size - 1):
+        for t in range(indptr[i], indptr[i + 1]):
+            starts[indices[t] // width + 1] += 1
     for p in range(starts.size - 1):
         starts[p + 1] += starts[p]
     fill = starts[:-1].copy()
@@ -1000,11 +1003,11 @@ def scatter_plan(indptr, indices, data, n, width):
     (``int64``), ``rows``/``cols`` in ``int32`` where ``m`` and ``n`` fit it, else ``int64``, and
     ``vals`` in ``data``'s dtype. :func:`planned_scatter` computes ``A.T @ Z`` from it.
     """
-    m = indptr.size - 1
+    m, nnz = indptr.size - 1, int(indptr[-1] - indptr[0])
     index = np.int32 if max(m, n) < 2**31 else np.int64
     starts = np.zeros(-(-n // width) + 1, dtype=np.int64)
-    rows, cols = np.empty(indices.size, dtype=index), np.empty(indices.size, dtype=index)
-    vals = np.empty(indices.size, dtype=data.dtype)
+    rows, cols = np.empty(nnz, dtype=index), np.empty(nnz, dtype=index)
+    vals = np.empty(nnz, dtype=data.dtype)
     _scatter_plan(indptr, indices, data, width, starts, rows, cols, vals)
     return starts, rows, cols, vals
 

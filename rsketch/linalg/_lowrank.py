@@ -199,13 +199,20 @@ def _check_rank(rank, m, n, name="rank"):
     return check_int(rank, name, minimum=1, maximum=min(m, n))
 
 
-def _draw(sketch, input_dim, size, seed, dtype):
-    """A sketch operator of shape ``(size, input_dim)``: a kind name or a given operator."""
+def _check_sketch(sketch, input_dim, size):
+    """``sketch`` as :func:`_draw` takes it: a kind name, or an operator of shape ``(size, input_dim)``."""
     if isinstance(sketch, SketchOperator):
         if sketch.shape != (size, input_dim):
             raise ValueError(f"sketch must have shape {(size, input_dim)}, got {sketch.shape}")
+    else:
+        check_test_matrix_kind(sketch)
+
+
+def _draw(sketch, input_dim, size, seed, dtype):
+    """A sketch operator of shape ``(size, input_dim)``: a kind name or a given operator."""
+    _check_sketch(sketch, input_dim, size)
+    if isinstance(sketch, SketchOperator):
         return sketch
-    check_test_matrix_kind(sketch)
     # uniform sampling without replacement where it can: a column sampled twice left A @ S.T short of
     # rank, the basis' missing directions came from rounding, and they differed with A's memory
     # layout (SketchedPCA's components 1.6e-3 apart between C- and Fortran-ordered X of 20 columns)
@@ -587,7 +594,9 @@ def _find_range(
         if not (tol > 0 and math.isfinite(tol)):
             raise ValueError(f"tol must be a finite number > 0, got {tol}")
         block_size = check_int(block_size, "block_size", minimum=1)
-        A = with_scatter_plan(A, block_size, math.inf, dtype)  # rounds not known ahead, several a block
+        _check_sketch(sketch, n if passes % 2 else m, min(block_size, rank))  # before the plan
+        # rounds not known ahead: one block's scatters times as many blocks as may come
+        A = with_scatter_plan(A, block_size, _scatters(A, passes) * -(-rank // block_size), dtype)
         return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
     if is_dask_array(A):
         return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
@@ -596,10 +605,17 @@ def _find_range(
     if is_non_numpy_array(A):
         return _array_range(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, error_probes)
     needed = min(rank + oversample, m, n)
-    A = with_scatter_plan(A, width, (passes + 1) // 2, dtype)  # for sparse A, about one scatter a round
+    _check_sketch(sketch, n if passes % 2 else m, width)  # before the plan
+    A = with_scatter_plan(A, width, _scatters(A, passes), dtype)
     Q, passes = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, needed)
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
     return RangeFinderResult(Q, est, passes, method)
+
+
+def _scatters(A, passes):
+    """How many of ``passes`` products of a sparse ``A`` are scatters (``A @ Y`` of a CSC ``A``,
+    ``A.T @ Y`` of a CSR one): the products alternate, and an odd count starts and ends with ``A``."""
+    return (passes + 1) // 2 if sp.issparse(A) and A.format == "csc" else passes // 2
 
 
 def _check_krylov_space(width, passes, asked, rank, needed):

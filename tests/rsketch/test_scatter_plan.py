@@ -11,6 +11,7 @@ import rsketch
 from rsketch.kernels import cpu
 from rsketch.linalg import _scatter_plan
 from rsketch.linalg._lowrank import _matmat, _rmatmat
+from rsketch.linalg._results import ConvergenceWarning
 from rsketch.linalg._scatter_plan import planned_product, with_scatter_plan
 
 
@@ -131,3 +132,51 @@ def test_low_rank_results_are_the_same_with_the_plan(shape, fmt, monkeypatch):
     for planned, plain in ((planned_range, plain_range), (planned_tol, plain_tol)):
         assert planned.Q.shape == plain.Q.shape
         np.testing.assert_allclose(np.abs(planned.Q.T @ plain.Q).diagonal(), 1, atol=1e-10)
+
+
+def _counting_builds(monkeypatch):
+    monkeypatch.setattr(_scatter_plan, "PLAN_MIN_NNZ", 0)
+    built, build = [], cpu.scatter_plan
+    monkeypatch.setattr(cpu, "scatter_plan", lambda *a: built.append(a[-1]) or build(*a))
+    return built
+
+
+def test_spare_storage_past_the_entries_is_not_planned(monkeypatch):
+    # SciPy allows indices and data longer than indptr[-1]; the plan had counted the spare slots,
+    # left them unwritten, and the product read them as indices (a segmentation fault)
+    built = _counting_builds(monkeypatch)
+    B = sp.random(50, 40, density=0.2, format="csc", random_state=np.random.default_rng(0))
+    A = B.copy()
+    A.data = np.r_[B.data, np.ones(5)]
+    A.indices = np.r_[B.indices, np.full(5, 70, B.indices.dtype)]  # out of range, as spare slots may be
+    got, want = rsketch.range_finder(A, 5, seed=0, passes=7), rsketch.range_finder(B, 5, seed=0, passes=7)
+    assert len(built) == 2
+    np.testing.assert_array_equal(got.Q, want.Q)
+    starts, rows, cols, vals = cpu.scatter_plan(A.indptr, A.indices, A.data, 50, 7)
+    assert starts[-1] == vals.size == B.nnz
+
+
+def test_no_plan_is_built_for_a_call_that_its_arguments_refuse(monkeypatch):
+    built = _counting_builds(monkeypatch)
+    A = sp.random(300, 200, density=0.1, format="csc", random_state=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="sketch must be one of"):
+        rsketch.range_finder(A, 5, sketch="bogus", passes=7)
+    with pytest.raises(ValueError, match="sketch must be one of"):
+        rsketch.svd(A, 5, sketch="bogus")
+    with pytest.raises(ValueError, match="sketch must be one of"):
+        rsketch.range_finder(A, 5, sketch="bogus", tol=1e-3, passes=3)
+    with pytest.raises(ValueError, match=r"sketch must have shape \(15, 200\)"):
+        rsketch.svd(A, 5, sketch=rsketch.make_sketch("gaussian", 7, 15, seed=0))
+    assert built == []
+
+
+@pytest.mark.parametrize(("fmt", "passes", "plans"), [("csc", 5, 1), ("csr", 5, 0), ("csr", 7, 1)])
+def test_a_plan_counts_the_scatters_of_the_format(fmt, passes, plans, monkeypatch):
+    # CSC A scatters in A @ Y (3 of 5 products), CSR A in A.T @ Y (2 of 5: too few to pay)
+    built = _counting_builds(monkeypatch)
+    A = sp.random(300, 200, density=0.1, format=fmt, random_state=np.random.default_rng(0))
+    rsketch.range_finder(A, 5, passes=passes, seed=0)
+    assert len(built) == plans
+    with pytest.warns(ConvergenceWarning):  # a random A: 30 columns leave far more than tol
+        rsketch.range_finder(A, 30, passes=1, tol=1e-3, block_size=5, seed=0)  # 6 blocks; CSR: no scatter
+    assert len(built) == plans + (fmt == "csc")

@@ -1059,6 +1059,21 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         W = xp.astype(self.components_, dtype)
         ev = xp.astype(self.explained_variance_, dtype)
         sigma2 = float(self.noise_variance_)
+        # The ratios are exact where the variances leave the float range (fit computes them in units
+        # of a power of two near s_1), the model is not: score had returned NaN at X of 1e300.
+        if not (math.isfinite(sigma2) and bool(xp.all(xp.isfinite(ev)))):
+            raise ValueError(
+                "the model's variances overflow the float range (explained_variance_ holds inf: X's "
+                "entries square beyond it): its covariance and likelihood cannot be computed; scale X "
+                "and fit again"
+            )
+        ratios = xp.asarray(self.explained_variance_ratio_)
+        if sigma2 <= 0 and not bool(xp.any(ev > 0)) and bool(xp.any(ratios > 0)):
+            raise ValueError(
+                "the model's variances underflow to 0 (explained_variance_ is 0 where "
+                "explained_variance_ratio_ is not: X's entries square below the float range): its "
+                "covariance and likelihood cannot be computed; scale X and fit again"
+            )
         if sigma2 <= 0 and (self.n_components_ < W.shape[1] or not bool(xp.all(ev > 0))):
             raise ValueError(
                 "the model's covariance is singular (noise_variance_ is 0 with fewer than n_features "

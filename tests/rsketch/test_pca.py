@@ -170,6 +170,30 @@ def test_explained_variance_ratio_at_any_scale(fmt):
         np.testing.assert_allclose(pca.singular_values_ / scale, base.singular_values_, rtol=1e-12)
 
 
+@pytest.mark.parametrize("fmt", ["dense", "csr"])
+def test_the_likelihood_says_when_the_variances_leave_the_float_range(fmt):
+    # At X of 1e200 the variances overflow (explained_variance_ inf), at 1e-170 they underflow (0),
+    # while the ratios stay exact: score had returned NaN at the first (with overflow warnings), and
+    # called the second's covariance singular, saying to fit fewer components
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 20)) * np.exp(-np.arange(20) / 3)
+    base = SketchedPCA(3, random_state=0).fit(X)
+    for scale, what in ((1e200, "overflow"), (1e-170, "underflow")):
+        Xs = sp.csr_matrix(X * scale) if fmt == "csr" else X * scale
+        pca = SketchedPCA(3, random_state=0).fit(Xs)
+        for method, args in (
+            ("score", (Xs,)),
+            ("score_samples", (Xs,)),
+            ("get_covariance", ()),
+            ("get_precision", ()),
+        ):
+            with pytest.raises(ValueError, match=f"variances {what}.*scale X"):
+                getattr(pca, method)(*args)
+    for scale in (1e150, 1e-150):  # inside the range: the likelihood of the scaled model, finite
+        pca = SketchedPCA(3, random_state=0).fit(X * scale)
+        assert pca.score(X * scale) == pytest.approx(base.score(X) - 20 * np.log(scale), rel=1e-10)
+
+
 @pytest.mark.parametrize("fmt", ["csr", "csc"])
 def test_sparse_input_with_entries_stored_twice_is_the_dense_input(fmt):
     # Each entry stored as two halves (a CSR/CSC may hold one position more than once; the stored

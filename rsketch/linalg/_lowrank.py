@@ -558,13 +558,15 @@ def _find_range(
     keep=None,
     probes=None,
     krylov_width=None,
+    planned=None,
 ):
     """:func:`range_finder` of an ``A`` that :func:`_check_matrix` accepted (each check of a dense
     ``A`` reads it once); ``keep`` (a list) receives ``A.T Q_j`` of every block Krylov block but the
     last, computed on the way (:func:`svd` then needs one pass of ``l`` columns for ``Q.T A``): a
     :class:`_Kept` in memory, ``Q_j.T A`` blocks for Dask and device input; ``probes`` (a
     :class:`_Probes`) gets ``A @ W`` from the first product (in memory only); ``krylov_width``
-    (checked by the caller) is block Krylov's block in place of ``rank + oversample``."""
+    (checked by the caller) is block Krylov's block in place of ``rank + oversample``; ``planned`` (a
+    list) receives a sparse ``A`` that was given a scatter plan, for the caller's own products."""
     m, n = A.shape
     rank = _check_rank(rank, m, n)
     oversample = check_int(oversample, "oversample", minimum=0)
@@ -597,6 +599,7 @@ def _find_range(
         _check_sketch(sketch, n if passes % 2 else m, min(block_size, rank))  # before the plan
         # rounds not known ahead: one block's scatters times as many blocks as may come
         A = with_scatter_plan(A, block_size, _scatters(A, passes) * -(-rank // block_size), dtype)
+        _hand_over(A, planned)
         return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
     if is_dask_array(A):
         return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
@@ -607,9 +610,15 @@ def _find_range(
     needed = min(rank + oversample, m, n)
     _check_sketch(sketch, n if passes % 2 else m, width)  # before the plan
     A = with_scatter_plan(A, width, _scatters(A, passes), dtype)
+    _hand_over(A, planned)
     Q, passes = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, needed)
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
     return RangeFinderResult(Q, est, passes, method)
+
+
+def _hand_over(A, planned):
+    if planned is not None and getattr(A, "scatter_plan", None) is not None:
+        planned.append(A)
 
 
 def _scatters(A, passes):
@@ -996,10 +1005,12 @@ def svd(
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), cols, dtype)
     adaptive_step = 10 if block_size is None or tol is None else block_size
+    planned = []
     found = _find_range(
         M, dtype, rank, sketch, oversample, passes, method, tol, adaptive_step, False, seed, keep, probes,
-        krylov_width,
+        krylov_width, planned,
     )  # fmt: skip
+    M = planned[0] if planned else M  # the finish's products through the range finder's plan
     t1 = time.perf_counter()
     Q = found.Q
     if sp.issparse(M):  # M ~ U_M diag(s) Vt_M from the Gram Q.T M M.T Q

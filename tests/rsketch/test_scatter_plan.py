@@ -180,3 +180,19 @@ def test_a_plan_counts_the_scatters_of_the_format(fmt, passes, plans, monkeypatc
     with pytest.warns(ConvergenceWarning):  # a random A: 30 columns leave far more than tol
         rsketch.range_finder(A, 30, passes=1, tol=1e-3, block_size=5, seed=0)  # 6 blocks; CSR: no scatter
     assert len(built) == plans + (fmt == "csc")
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_svd_finishes_through_the_range_finders_plan(fmt, monkeypatch):
+    # a wide CSR A and a tall CSC A keep their side, and their finish (B = Q.T A, through the Gram
+    # or exactly) scatters: through the plan the range finder built, not unplanned
+    _counting_builds(monkeypatch)
+    unplanned = []
+    scatter = cpu.csr_transpose_times_dense
+    monkeypatch.setattr(cpu, "csr_transpose_times_dense", lambda *a: unplanned.append(1) or scatter(*a))
+    shape = (400, 3_000) if fmt == "csr" else (3_000, 400)
+    noise = sp.random(*shape, density=0.02, format="csr", random_state=np.random.default_rng(3))
+    A = (sp.diags_array(50 * 0.7 ** np.arange(400), shape=shape) + noise).asformat(fmt)  # a fast decay
+    res = rsketch.svd(A, 6, seed=1, passes=7)
+    assert unplanned == []
+    np.testing.assert_allclose(res.s, np.linalg.svd(A.toarray(), compute_uv=False)[:6], rtol=1e-6)

@@ -932,18 +932,20 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         c = math.ldexp(1.0, math.frexp(float(s64[0]))[1]) if float(s64[0]) > 0 else 1.0
         squares = (s64 / c) ** 2
         total = _centred_sum_of_squares(X, mean, A, c, xp)  # ||X - 1 mean.T||_F^2 / c^2
-        ev = squares * (c * c / (n - 1))
+        with np.errstate(over="ignore"):  # variances beyond the range are inf (their ratios are not)
+            ev = squares * c * (c / (n - 1))  # c * c first overflowed at X of 1e153, variances of 1e306
         self.mean_ = mean
         # C-ordered (svd_flip's may be a transposed view): a pickled copy, C-ordered, then projects
         # with the same BLAS path, bit for bit
         self.components_ = np.ascontiguousarray(Vt) if isinstance(Vt, np.ndarray) else Vt
         self.singular_values_ = s
-        self.explained_variance_ = xp.astype(ev, X.dtype)
+        with np.errstate(over="ignore"):  # float32: variances beyond its range are inf, as above
+            self.explained_variance_ = xp.astype(ev, X.dtype)
         ratio = squares / total if total > 0 else xp.zeros_like(squares)
         self.explained_variance_ratio_ = xp.astype(ratio, X.dtype)
         rest = min(n, p) - k
         left = max(total - float(xp.sum(squares)), 0.0)
-        self.noise_variance_ = float(left * (c * c / (n - 1)) / rest) if rest > 0 else 0.0
+        self.noise_variance_ = float(left * c * (c / (n - 1)) / rest) if rest > 0 else 0.0
         self.n_components_ = k
         self.n_samples_ = n
         return U, s
@@ -1061,17 +1063,21 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         sigma2 = float(self.noise_variance_)
         # The ratios are exact where the variances leave the float range (fit computes them in units
         # of a power of two near s_1), the model is not: score had returned NaN at X of 1e300.
-        if not (math.isfinite(sigma2) and bool(xp.all(xp.isfinite(ev)))):
+        stored = self.explained_variance_  # in the fit's dtype, where they were rounded
+        if not (math.isfinite(sigma2) and bool(xp.all(xp.isfinite(stored)))):
             raise ValueError(
-                "the model's variances overflow the float range (explained_variance_ holds inf: X's "
-                "entries square beyond it): its covariance and likelihood cannot be computed; scale X "
-                "and fit again"
+                f"the model's variances overflow the float range of {stored.dtype} (explained_variance_ "
+                "holds inf): its covariance and likelihood cannot be computed; scale X and fit again"
             )
+        # below the normal range a variance has lost digits (float64 X of 1e-160: score off by 1e-6)
+        # or is 0 (float32 X of 1e-25: no error, and a wrong score; NaN on a device)
+        tiny = float(xp.finfo(stored.dtype).smallest_normal)
         ratios = xp.asarray(self.explained_variance_ratio_)
-        if sigma2 <= 0 and not bool(xp.any(ev > 0)) and bool(xp.any(ratios > 0)):
+        low_noise = 0 < sigma2 < float(xp.finfo(dtype).smallest_normal)
+        if bool(xp.any((ratios > 0) & (stored < tiny))) or low_noise:
             raise ValueError(
-                "the model's variances underflow to 0 (explained_variance_ is 0 where "
-                "explained_variance_ratio_ is not: X's entries square below the float range): its "
+                f"the model's variances underflow the float range of {stored.dtype} (explained_variance_ "
+                "is below its smallest normal number where explained_variance_ratio_ is positive): its "
                 "covariance and likelihood cannot be computed; scale X and fit again"
             )
         if sigma2 <= 0 and (self.n_components_ < W.shape[1] or not bool(xp.all(ev > 0))):

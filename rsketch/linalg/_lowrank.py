@@ -597,8 +597,11 @@ def _find_range(
             raise ValueError(f"tol must be a finite number > 0, got {tol}")
         block_size = check_int(block_size, "block_size", minimum=1)
         _check_sketch(sketch, n if passes % 2 else m, min(block_size, rank))  # before the plan
-        # rounds not known ahead: one block's scatters times as many blocks as may come
-        A = with_scatter_plan(A, block_size, _scatters(A, passes) * -(-rank // block_size), dtype)
+        # rounds not known ahead: A @ W for the probes, then one block's scatters times as many
+        # blocks as may come, then svd's
+        blocks = -(-rank // block_size)
+        scattered = _scatters(A, 1) + _scatters(A, passes) * blocks + _svd_finish_scatters(A, planned, None)
+        A = with_scatter_plan(A, block_size, scattered, dtype)
         _hand_over(A, planned)
         return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
     if is_dask_array(A):
@@ -609,7 +612,7 @@ def _find_range(
         return _array_range(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, error_probes)
     needed = min(rank + oversample, m, n)
     _check_sketch(sketch, n if passes % 2 else m, width)  # before the plan
-    A = with_scatter_plan(A, width, _scatters(A, passes), dtype)
+    A = with_scatter_plan(A, width, _scatters(A, passes) + _svd_finish_scatters(A, planned, method), dtype)
     _hand_over(A, planned)
     Q, passes = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, needed)
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
@@ -619,6 +622,15 @@ def _find_range(
 def _hand_over(A, planned):
     if planned is not None and getattr(A, "scatter_plan", None) is not None:
         planned.append(A)
+
+
+def _svd_finish_scatters(A, planned, method):
+    """The scatters :func:`svd` (which passes ``planned``) makes after the range finder: block
+    Krylov's last block (``A.T``, then ``A``: one scatter) and ``B = Q.T A`` (``A.T @ Q``: a scatter
+    for CSR ``A``)."""
+    if planned is None or not sp.issparse(A):
+        return 0
+    return (method == "block_krylov") + (A.format == "csr")
 
 
 def _scatters(A, passes):

@@ -110,6 +110,20 @@ def test_wide_ridge_runs_nystrom_pcg_on_strict_arrays(fit_intercept, monkeypatch
 
 
 @dispatch
+@pytest.mark.parametrize(
+    ("dtype", "scale", "what"), [(np.float32, 1e-25, "underflow"), (np.float64, 1e160, "overflow")]
+)
+def test_pca_likelihood_on_strict_arrays_says_when_the_variances_leave_the_float_range(dtype, scale, what):
+    # on a device a float32 fit of X of 1e-25 (variances 0) had given a score of NaN
+    rng = np.random.default_rng(0)
+    X = on_device((rng.standard_normal((300, 20)) * np.exp(-np.arange(20) / 3) * scale).astype(dtype))
+    with sklearn.config_context(array_api_dispatch=True):
+        est = SketchedPCA(n_components=3, random_state=0).fit(X)
+        with pytest.raises(ValueError, match=f"variances {what} the float range"):
+            est.score(X)
+
+
+@dispatch
 @pytest.mark.parametrize("whiten", [False, True])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_pca_on_strict_arrays_is_the_numpy_pca(whiten, dtype):

@@ -171,15 +171,24 @@ def test_explained_variance_ratio_at_any_scale(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["dense", "csr"])
-def test_the_likelihood_says_when_the_variances_leave_the_float_range(fmt):
-    # At X of 1e200 the variances overflow (explained_variance_ inf), at 1e-170 they underflow (0),
-    # while the ratios stay exact: score had returned NaN at the first (with overflow warnings), and
-    # called the second's covariance singular, saying to fit fewer components
+@pytest.mark.parametrize(
+    ("dtype", "out_of_range", "in_range"),
+    [
+        (np.float64, ((1e160, "overflow"), (1e-160, "underflow"), (1e-170, "underflow")), (1e153, 1e-150)),
+        (np.float32, ((1e20, "overflow"), (1e-20, "underflow"), (1e-25, "underflow")), (1e19, 1e-15)),
+    ],
+)
+def test_the_likelihood_says_when_the_variances_leave_the_float_range(fmt, dtype, out_of_range, in_range):
+    # Beyond the range the variances are inf, below it subnormal or 0, while the ratios stay exact:
+    # score had returned NaN at X of 1e200 (with overflow warnings), called 1e-170's covariance
+    # singular (saying to fit fewer components), and at float32 1e-25 returned a wrong number; the
+    # variances at X of 1e153 (about 1e306) had overflowed in fit's scaling (c * c)
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((300, 20)) * np.exp(-np.arange(20) / 3)
+    X = (rng.standard_normal((300, 20)) * np.exp(-np.arange(20) / 3)).astype(dtype)
     base = SketchedPCA(3, random_state=0).fit(X)
-    for scale, what in ((1e200, "overflow"), (1e-170, "underflow")):
-        Xs = sp.csr_matrix(X * scale) if fmt == "csr" else X * scale
+    for scale, what in out_of_range:
+        Xs = (X * scale).astype(dtype)
+        Xs = sp.csr_matrix(Xs) if fmt == "csr" else Xs
         pca = SketchedPCA(3, random_state=0).fit(Xs)
         for method, args in (
             ("score", (Xs,)),
@@ -187,11 +196,16 @@ def test_the_likelihood_says_when_the_variances_leave_the_float_range(fmt):
             ("get_covariance", ()),
             ("get_precision", ()),
         ):
-            with pytest.raises(ValueError, match=f"variances {what}.*scale X"):
+            with pytest.raises(
+                ValueError, match=f"variances {what} the float range of {np.dtype(dtype)}.*scale X"
+            ):
                 getattr(pca, method)(*args)
-    for scale in (1e150, 1e-150):  # inside the range: the likelihood of the scaled model, finite
-        pca = SketchedPCA(3, random_state=0).fit(X * scale)
-        assert pca.score(X * scale) == pytest.approx(base.score(X) - 20 * np.log(scale), rel=1e-10)
+    for scale in in_range:  # inside the range: the likelihood of the scaled model
+        Xs = (X * scale).astype(dtype)
+        pca = SketchedPCA(3, random_state=0).fit(sp.csr_matrix(Xs) if fmt == "csr" else Xs)
+        assert np.isfinite(pca.explained_variance_).all()
+        rel = 1e-10 if dtype == np.float64 else 1e-5
+        assert pca.score(Xs) == pytest.approx(base.score(X) - 20 * np.log(scale), rel=rel)
 
 
 @pytest.mark.parametrize("fmt", ["csr", "csc"])

@@ -101,7 +101,8 @@ def test_a_plan_is_built_only_where_it_pays_and_fits(monkeypatch):
     assert with_scatter_plan(A, 8, 50, np.float64) is A  # few nonzeros
     monkeypatch.setattr(_scatter_plan, "PLAN_MIN_NNZ", 0)
     assert with_scatter_plan(A, 8, 2, np.float64) is A  # too few products to repay the build
-    assert with_scatter_plan(A.toarray(), 8, 50, np.float64) is not None  # dense: left alone
+    dense = A.toarray()
+    assert with_scatter_plan(dense, 8, 50, np.float64) is dense  # dense: left alone
     assert with_scatter_plan(A.tocoo(), 8, 50, np.float64).format == "coo"
     monkeypatch.setattr(_scatter_plan, "available_memory", lambda: 4 * A.nnz * 16 - 1)
     assert with_scatter_plan(A, 8, 50, np.float64) is A  # the plan would take over a quarter
@@ -159,15 +160,22 @@ def test_spare_storage_past_the_entries_is_not_planned(monkeypatch):
 def test_no_plan_is_built_for_a_call_that_its_arguments_refuse(monkeypatch):
     built = _counting_builds(monkeypatch)
     A = sp.random(300, 200, density=0.1, format="csc", random_state=np.random.default_rng(0))
+    # each call would build a plan with a valid sketch (checked last)
     with pytest.raises(ValueError, match="sketch must be one of"):
         rsketch.range_finder(A, 5, sketch="bogus", passes=7)
     with pytest.raises(ValueError, match="sketch must be one of"):
         rsketch.svd(A, 5, sketch="bogus")
     with pytest.raises(ValueError, match="sketch must be one of"):
-        rsketch.range_finder(A, 5, sketch="bogus", tol=1e-3, passes=3)
+        rsketch.range_finder(A, 30, sketch="bogus", tol=1e-3, block_size=5, passes=3)
     with pytest.raises(ValueError, match=r"sketch must have shape \(15, 200\)"):
         rsketch.svd(A, 5, sketch=rsketch.make_sketch("gaussian", 7, 15, seed=0))
     assert built == []
+    rsketch.range_finder(A, 5, passes=7)
+    rsketch.svd(A, 5)
+    with pytest.warns(ConvergenceWarning):
+        rsketch.range_finder(A, 30, tol=1e-3, block_size=5, passes=3)
+    rsketch.svd(A, 5, sketch=rsketch.make_sketch("gaussian", 200, 15, seed=0))
+    assert len(built) == 4
 
 
 @pytest.mark.parametrize(("fmt", "passes", "plans"), [("csc", 5, 1), ("csr", 5, 0), ("csr", 7, 1)])
@@ -182,8 +190,9 @@ def test_a_plan_counts_the_scatters_of_the_format(fmt, passes, plans, monkeypatc
     assert len(built) == plans + (fmt == "csc")
 
 
+@pytest.mark.parametrize("passes", [5, 7])
 @pytest.mark.parametrize("fmt", ["csr", "csc"])
-def test_svd_finishes_through_the_range_finders_plan(fmt, monkeypatch):
+def test_svd_finishes_through_the_range_finders_plan(fmt, passes, monkeypatch):
     # a wide CSR A and a tall CSC A keep their side, and their finish (B = Q.T A, through the Gram
     # or exactly) scatters: through the plan the range finder built, not unplanned
     _counting_builds(monkeypatch)
@@ -192,7 +201,7 @@ def test_svd_finishes_through_the_range_finders_plan(fmt, monkeypatch):
     monkeypatch.setattr(cpu, "csr_transpose_times_dense", lambda *a: unplanned.append(1) or scatter(*a))
     shape = (400, 3_000) if fmt == "csr" else (3_000, 400)
     noise = sp.random(*shape, density=0.02, format="csr", random_state=np.random.default_rng(3))
-    A = (sp.diags_array(50 * 0.7 ** np.arange(400), shape=shape) + noise).asformat(fmt)  # a fast decay
-    res = rsketch.svd(A, 6, seed=1, passes=7)
+    A = (sp.diags_array(50 * 0.5 ** np.arange(400), shape=shape) + 0.01 * noise).asformat(fmt)  # fast decay
+    res = rsketch.svd(A, 6, seed=1, passes=passes)  # 5, the default: 4 scatters, 2 of them the finish's
     assert unplanned == []
     np.testing.assert_allclose(res.s, np.linalg.svd(A.toarray(), compute_uv=False)[:6], rtol=1e-6)

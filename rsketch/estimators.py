@@ -932,15 +932,16 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         c = math.ldexp(1.0, math.frexp(float(s64[0]))[1]) if float(s64[0]) > 0 else 1.0
         squares = (s64 / c) ** 2
         total = _centred_sum_of_squares(X, mean, A, c, xp)  # ||X - 1 mean.T||_F^2 / c^2
-        with np.errstate(over="ignore"):  # variances beyond the range are inf (their ratios are not)
-            ev = squares * c * (c / (n - 1))  # c * c first overflowed at X of 1e153, variances of 1e306
+        # c * c first overflowed at X of 1e153, variances of 1e306; variances beyond the range of X's
+        # dtype are inf (their ratios are not)
+        with np.errstate(over="ignore"):
+            ev = xp.astype(squares * c * (c / (n - 1)), X.dtype)
         self.mean_ = mean
         # C-ordered (svd_flip's may be a transposed view): a pickled copy, C-ordered, then projects
         # with the same BLAS path, bit for bit
         self.components_ = np.ascontiguousarray(Vt) if isinstance(Vt, np.ndarray) else Vt
         self.singular_values_ = s
-        with np.errstate(over="ignore"):  # float32: variances beyond its range are inf, as above
-            self.explained_variance_ = xp.astype(ev, X.dtype)
+        self.explained_variance_ = ev
         ratio = squares / total if total > 0 else xp.zeros_like(squares)
         self.explained_variance_ratio_ = xp.astype(ratio, X.dtype)
         rest = min(n, p) - k

@@ -996,6 +996,11 @@ def _scatter_plan(indptr, indices, data, width, starts, rows, cols, vals):  # pr
             fill[j // width] = d + 1
 
 
+def scatter_plan_index(m, n):
+    """The integer type of :func:`scatter_plan`'s rows and columns for an ``m x n`` matrix."""
+    return np.int32 if max(m, n) < 2**31 else np.int64
+
+
 def scatter_plan(indptr, indices, data, n, width):
     """The nonzeros of a CSR ``A`` (``m x n``) sorted by panels of ``width`` columns, then by row.
 
@@ -1004,7 +1009,7 @@ def scatter_plan(indptr, indices, data, n, width):
     ``vals`` in ``data``'s dtype. :func:`planned_scatter` computes ``A.T @ Z`` from it.
     """
     m, nnz = indptr.size - 1, int(indptr[-1] - indptr[0])
-    index = np.int32 if max(m, n) < 2**31 else np.int64
+    index = scatter_plan_index(m, n)
     starts = np.zeros(-(-n // width) + 1, dtype=np.int64)
     rows, cols = np.empty(nnz, dtype=index), np.empty(nnz, dtype=index)
     vals = np.empty(nnz, dtype=data.dtype)

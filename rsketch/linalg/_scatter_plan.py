@@ -71,7 +71,7 @@ def with_scatter_plan(A, columns, products, dtype):
         return A
     # the scatter's CSR: A.T for CSC A (its arrays as they are), A itself for CSR A
     n = A.shape[0] if A.format == "csc" else A.shape[1]
-    index = 4 if max(A.shape) < 2**31 else 8
+    index = np.dtype(cpu.scatter_plan_index(*A.shape)).itemsize
     avail = available_memory()
     if avail is not None and A.nnz * (2 * index + np.dtype(dtype).itemsize) > avail // 4:
         return A

@@ -500,9 +500,10 @@ def range_finder(
     True
     """
     A, dtype = _check_matrix(A, dask=True, device=True)
-    return _find_range(
+    found, _ = _find_range(
         A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed
     )
+    return found
 
 
 #: The most passes over ``A`` any low-rank function takes. Subspace iteration's error falls as
@@ -558,15 +559,17 @@ def _find_range(
     keep=None,
     probes=None,
     krylov_width=None,
-    planned=None,
+    finishes_svd=False,
 ):
     """:func:`range_finder` of an ``A`` that :func:`_check_matrix` accepted (each check of a dense
     ``A`` reads it once); ``keep`` (a list) receives ``A.T Q_j`` of every block Krylov block but the
     last, computed on the way (:func:`svd` then needs one pass of ``l`` columns for ``Q.T A``): a
     :class:`_Kept` in memory, ``Q_j.T A`` blocks for Dask and device input; ``probes`` (a
     :class:`_Probes`) gets ``A @ W`` from the first product (in memory only); ``krylov_width``
-    (checked by the caller) is block Krylov's block in place of ``rank + oversample``; ``planned`` (a
-    list) receives a sparse ``A`` that was given a scatter plan, for the caller's own products."""
+    (checked by the caller) is block Krylov's block in place of ``rank + oversample``;
+    ``finishes_svd`` counts :func:`svd`'s scatters after the range finder in the decision on a
+    scatter plan. Returns the :class:`RangeFinderResult` and the operand the basis came from: a
+    sparse ``A`` given a scatter plan, for the caller's own products, or ``A`` itself."""
     m, n = A.shape
     rank = _check_rank(rank, m, n)
     oversample = check_int(oversample, "oversample", minimum=0)
@@ -600,35 +603,29 @@ def _find_range(
         # rounds not known ahead: A @ W for the probes, then one block's scatters times as many
         # blocks as may come, then svd's
         blocks = -(-rank // block_size)
-        scattered = _scatters(A, 1) + _scatters(A, passes) * blocks + _svd_finish_scatters(A, planned, None)
+        scattered = _scatters(A, 1) + _scatters(A, passes) * blocks
+        scattered += _svd_finish_scatters(A, None) if finishes_svd else 0
         A = with_scatter_plan(A, block_size, scattered, dtype)
-        _hand_over(A, planned)
-        return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype)
+        return _adaptive(A, rank, tol, block_size, passes, sketch, seeds, dtype), A
     if is_dask_array(A):
-        return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep)
+        return _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, keep), A
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seeds[1]), n, dtype)
     if is_non_numpy_array(A):
-        return _array_range(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, error_probes)
+        return _array_range(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, error_probes), A
     needed = min(rank + oversample, m, n)
     _check_sketch(sketch, n if passes % 2 else m, width)  # before the plan
-    A = with_scatter_plan(A, width, _scatters(A, passes) + _svd_finish_scatters(A, planned, method), dtype)
-    _hand_over(A, planned)
+    scattered = _scatters(A, passes) + (_svd_finish_scatters(A, method) if finishes_svd else 0)
+    A = with_scatter_plan(A, width, scattered, dtype)
     Q, passes = _basis(A, width, passes, method, sketch, seeds[0], dtype, keep, probes, needed)
     est = probes.estimate(lambda W, AW: Q @ (Q.T @ AW)) if error_probes else None
-    return RangeFinderResult(Q, est, passes, method)
+    return RangeFinderResult(Q, est, passes, method), A
 
 
-def _hand_over(A, planned):
-    if planned is not None and getattr(A, "scatter_plan", None) is not None:
-        planned.append(A)
-
-
-def _svd_finish_scatters(A, planned, method):
-    """The scatters :func:`svd` (which passes ``planned``) makes after the range finder: block
-    Krylov's last block (``A.T``, then ``A``: one scatter) and ``B = Q.T A`` (``A.T @ Q``: a scatter
-    for CSR ``A``)."""
-    if planned is None or not sp.issparse(A):
+def _svd_finish_scatters(A, method):
+    """The scatters :func:`svd` makes after the range finder: block Krylov's last block (``A.T``,
+    then ``A``: one scatter) and ``B = Q.T A`` (``A.T @ Q``: a scatter for CSR ``A``)."""
+    if not sp.issparse(A):
         return 0
     return (method == "block_krylov") + (A.format == "csr")
 
@@ -1017,48 +1014,63 @@ def svd(
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), cols, dtype)
     adaptive_step = 10 if block_size is None or tol is None else block_size
-    planned = []
-    found = _find_range(
+    # M comes back with the range finder's scatter plan, where it made one, for the finish's products
+    found, M = _find_range(
         M, dtype, rank, sketch, oversample, passes, method, tol, adaptive_step, False, seed, keep, probes,
-        krylov_width, planned,
+        krylov_width, finishes_svd=True,
     )  # fmt: skip
-    M = planned[0] if planned else M  # the finish's products through the range finder's plan
     t1 = time.perf_counter()
-    Q = found.Q
-    if sp.issparse(M):  # M ~ U_M diag(s) Vt_M from the Gram Q.T M M.T Q
-        gram = keep[0].gram if keep else None
-        U_M, s, Vt_M, finish_passes = _sparse_finish(M, Q, rank, gram)
-        finish_passes += 0 if gram is None else 2  # block Krylov's last block, A A.T Q_q
-        U, Vt = (Vt_M.T, U_M.T) if transposed else (U_M, Vt_M)
-        Vt = np.ascontiguousarray(Vt)
+    if sp.issparse(M):
+        U, s, Vt, finish_passes = _sparse_svd_finish(M, found.Q, rank, keep, transposed)
     else:
-        # M.T Q (n x l), that is B.T: block Krylov computed it for all blocks but the last on the way.
-        if keep:
-            Bt, done = keep[0].Bt, keep[0].done
-        else:
-            Bt, done = np.empty((cols, Q.shape[1]), dtype, order=_product_order(M)), 0
-        _rmatmat(M, Q[:, done:], out=Bt[:, done:])
-        Ub, s, Vt = _wide_svd(Bt.T)
-        k = min(rank, s.size)
-        U = Q @ Ub[:, :k]
-        s, Vt = s[:k], Vt[:k]
-        finish_passes = 1
+        U, s, Vt, finish_passes = _dense_svd_finish(M, found.Q, rank, keep, dtype)
     if flip_sign:
         U, Vt = _flip_signs(U, Vt)
     t2 = time.perf_counter()
-    est = None
+    est, estimate_passes = None, 0
     if error_probes:
-        extra_pass = probes.AW is None  # the adaptive range finder's first products are its blocks'
-        if extra_pass:
-            probes.AW = _matmat(M, probes.W)
-        if transposed:  # M = A.T ~ Vt.T diag(s) U.T
-            est = probes.estimate(lambda W, AW: Vt.T @ (s[:, None] * (U.T @ W)))
-        else:
-            est = probes.estimate(lambda W, AW: U @ (s[:, None] * (Vt @ W)))
+        est, estimate_passes = _svd_error_estimate(M, probes, U, s, Vt, transposed)
     t3 = time.perf_counter()
-    passes_used = found.passes + finish_passes + (1 if error_probes and extra_pass else 0)
+    passes_used = found.passes + finish_passes + estimate_passes
     timings = {"range": t1 - t0, "project": t2 - t1, "estimate": t3 - t2}
     return SVDResult(U, s.astype(dtype, copy=False), Vt, est, passes_used, timings)
+
+
+def _dense_svd_finish(M, Q, rank, keep, dtype):
+    """``(U, s, Vt, passes)`` of a dense or operator ``M ~ Q Q.T M`` at rank ``rank``: the SVD of
+    ``B = Q.T M`` from ``B.T = M.T Q`` (``n x l``), which block Krylov computed on the way for all
+    its blocks but the last (``keep``); one pass for the rest."""
+    if keep:
+        Bt, done = keep[0].Bt, keep[0].done
+    else:
+        Bt, done = np.empty((M.shape[1], Q.shape[1]), dtype, order=_product_order(M)), 0
+    _rmatmat(M, Q[:, done:], out=Bt[:, done:])
+    Ub, s, Vt = _wide_svd(Bt.T)
+    k = min(rank, s.size)
+    return Q @ Ub[:, :k], s[:k], Vt[:k], 1
+
+
+def _sparse_svd_finish(M, Q, rank, keep, transposed):
+    """``(U, s, Vt, passes)`` of a sparse ``A`` (``M``, or ``M = A.T`` where ``transposed``) from
+    :func:`_sparse_finish`, through block Krylov's Gram where it kept one (its last block
+    ``M M.T Q_q`` is then two passes)."""
+    gram = keep[0].gram if keep else None
+    U_M, s, Vt_M, passes = _sparse_finish(M, Q, rank, gram)
+    passes += 0 if gram is None else 2
+    U, Vt = (Vt_M.T, U_M.T) if transposed else (U_M, Vt_M)
+    return U, s, np.ascontiguousarray(Vt), passes
+
+
+def _svd_error_estimate(M, probes, U, s, Vt, transposed):
+    """``(estimate, passes)``: ``||A - U diag(s) Vt||_2`` from the probes ``W`` and ``M W``, which the
+    range finder's first product carried, or one more pass where it did not (the adaptive range
+    finder's first products are its blocks')."""
+    extra_pass = probes.AW is None
+    if extra_pass:
+        probes.AW = _matmat(M, probes.W)
+    if transposed:  # M = A.T ~ Vt.T diag(s) U.T
+        return probes.estimate(lambda W, AW: Vt.T @ (s[:, None] * (U.T @ W))), int(extra_pass)
+    return probes.estimate(lambda W, AW: U @ (s[:, None] * (Vt @ W))), int(extra_pass)
 
 
 # The Gram finish of _sparse_finish is taken where its rounding is at most this fraction of the
@@ -1181,7 +1193,7 @@ def _dask_svd(
 ):
     """:func:`svd` of a tall Dask ``A``: ``U`` a Dask array (persisted), ``s`` and ``Vt`` in memory."""
     keep = []  # tol: refused by _find_range (the adaptive range finder is not available for Dask)
-    found = _find_range(
+    found, _ = _find_range(
         A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, None, krylov_width
     )
     t1 = time.perf_counter()
@@ -1217,7 +1229,7 @@ def _array_svd(
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), A.shape[1], dtype)
-    found = _find_range(  # refuses tol for device input
+    found, _ = _find_range(  # refuses tol for device input
         A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes, krylov_width
     )
     t1 = time.perf_counter()
@@ -1274,7 +1286,7 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
     if isinstance(A, LinearOperator):  # symmetric: A.T products are A's (a matvec alone is enough)
         A = LinearOperator(A.shape, matvec=A.matvec, rmatvec=A.matvec, matmat=A.matmat, rmatmat=A.matmat,
                            dtype=A.dtype)  # fmt: skip
-    found = _find_range(A, dtype, rank, sketch, oversample, passes, "subspace", None, 10, False, seed)
+    found, _ = _find_range(A, dtype, rank, sketch, oversample, passes, "subspace", None, 10, False, seed)
     Q = found.Q
     T = Q.T @ _matmat(A, Q)
     check_projected_symmetric(T)

@@ -1111,16 +1111,14 @@ def _sparse_finish(M, Q, k, gram=None):
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             gram = Bt.T @ Bt
     Ek = _gram_subspace(gram, k, M.shape[1])
-    if Ek is not None:
+    if Ek is None:  # B.T itself, exactly
+        Y = Bt if Bt is not None else _rmatmat(M, Q)
+    else:  # M.T Q E_k, k columns
         Y = Bt @ Ek if Bt is not None else _rmatmat(M, Q @ Ek)
-        W, R = _orth(Y, with_r=True)
-        Ur, s, Vrt = np.linalg.svd(R)
-        return Q @ (Ek @ Vrt.T), s, (W @ Ur).T, passes + (Bt is None)
-    if Bt is None:
-        Bt, passes = _rmatmat(M, Q), passes + 1
-    W, R = _orth(Bt, with_r=True)  # Bt is a temporary
+    W, R = _orth(Y, with_r=True)  # Y is a temporary
     Ur, s, Vrt = np.linalg.svd(R)
-    return Q @ Vrt[:k].T, s[:k], (W @ Ur[:, :k]).T, passes
+    V = Vrt[:k].T if Ek is None else Ek @ Vrt.T
+    return Q @ V, s[:k], (W @ Ur[:, :k]).T, passes + (Bt is None)
 
 
 def _gram_subspace(gram, k, n):

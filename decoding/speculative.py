@@ -744,16 +744,35 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     return results
 
 
-def _autoregressive_step(model, cache, seq_ids, last, active, done, sampling, noise, stats):
+def _verify_step(
+    model, cache, seq, npos, tokens, active, drafts: _Drafts, sampling, noise, stats, *, forward, verify
+):
+    """A step that verifies ``drafts`` of the ``active`` samples (given their ``tokens`` so far) in
+    one target ``forward`` (:func:`packed_step` or :func:`padded_step`) under the acceptance rule
+    ``verify``; ``npos`` (each sample's cached tokens) advances by what it kept. Returns
+    ``(accepted, new tokens)`` per sample."""
+    last = [tokens[i][-1] for i in active]
+    done = [len(tokens[i]) for i in active]  # each sample's next position
+    judge = partial(
+        _judge, drafts=drafts, active=active, done=done, verify=verify, sampling=sampling, noise=noise,
+        stats=stats,
+    )  # fmt: skip
+    results = forward(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
+    npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+    return results
+
+
+def _autoregressive_step(model, cache, seq, npos, tokens, active, drafts, sampling, noise, stats):
     """The step when no sample verifies a draft: :func:`~decoding.scheduling.decode_step` and
-    :func:`~decoding.sampling.sample`, exactly the autoregressive loop's. Returns ``(0, [token])``
-    per sample, as the steps do."""
+    :func:`~decoding.sampling.sample`, exactly the autoregressive loop's (``drafts`` unused). Returns
+    ``(0, [token])`` per sample, as :func:`_verify_step` does."""
     t0 = time.perf_counter()
-    logits = decode_step(model, cache, seq_ids, last)
+    logits = decode_step(model, cache, seq[active], [tokens[i][-1] for i in active])
     stats.forward(computed=len(active), seconds=time.perf_counter() - t0)
-    tokens = sample(to_host(logits), sampling, noise, active, done)
+    new = sample(to_host(logits), sampling, noise, active, [len(tokens[i]) for i in active])
     stats.record_undrafted(len(active))
-    return [(0, [int(t)]) for t in tokens]
+    npos[active] += 1
+    return [(0, [int(t)]) for t in new]
 
 
 def _padded_prefill(model, cache, queue: SlotQueue, seq, prompts, key_valid):
@@ -963,7 +982,8 @@ def speculative_generate(
     else:
         admitted, logits = queue.admit(model, cache, seq, prompt_ids)  # [slots, V]
     prefill_time, step_times, calibration = queue.prefill_time, [], 0.0
-    step = partial(padded_step, key_valid=key_valid) if vanilla else packed_step
+    forward = partial(padded_step, key_valid=key_valid) if vanilla else packed_step
+    verify_step = partial(_verify_step, forward=forward, verify=verify)
     with engine_threads() as threads:  # numba threads for the cores other processes leave free
         decode_start = time.perf_counter()
         active = start(admitted, logits)
@@ -976,19 +996,9 @@ def speculative_generate(
                 drafter, budget, context, active, outs, max_new_tokens, max_draft=k, padded=vanilla,
                 waiting=bool(queue), stats=stats, vocab_size=model.config.vocab_size,
             )  # fmt: skip
-            last = [outs.tokens[i][-1] for i in active]
-            done = [len(outs.tokens[i]) for i in active]  # each sample's next position
-            if not vanilla and verifier is None and not drafts.drafted:
-                results = _autoregressive_step(
-                    model, cache, seq[active], last, active, done, sampling, noise, stats
-                )
-            else:
-                judge = partial(
-                    _judge, drafts=drafts, active=active, done=done, verify=verify, sampling=sampling,
-                    noise=noise, stats=stats,
-                )  # fmt: skip
-                results = step(model, cache, seq[active], npos[active], last, drafts.verified, judge, stats)
-            npos[active] += 1 + np.array([m for m, _ in results], dtype=np.int64)
+            plain = not vanilla and verifier is None and not drafts.drafted  # the autoregressive step
+            step = _autoregressive_step if plain else verify_step
+            results = step(model, cache, seq, npos, outs.tokens, active, drafts, sampling, noise, stats)
             if budget is not None:  # a pause to re-measure the cost model is not decoding
                 paused = _teach_budget(budget, drafts, active, results, stats, t_step)
                 calibration, t_step = calibration + paused, t_step + paused

@@ -81,10 +81,11 @@ _NESTED_FIELD = re.compile(r"\{[^{}]*:[^{}]*\{")
 
 
 def _amplified_size(name: str, value, args: tuple, kwargs: dict, method: bool) -> int:
-    """Characters a ``replace``, ``join``, ``indent``, ``expandtabs`` or ``translate`` (filter or
-    ``str`` method) would produce, computed before it runs: they multiply one string by another's
-    length or by a line count, so checking their result afterwards would come after the allocation
-    (``expandtabs(1000000)`` of 300 tabs had built 300 MB first); for a ``sum`` filter of lists, the
+    """Characters a ``replace``, ``join``, ``indent``, ``expandtabs``, ``translate`` (filter or
+    ``str`` method), ``tojson`` with an indent or ``wordwrap`` would produce (at least), computed
+    before it runs: they multiply one string by another's length, by a line count or by a depth, so
+    checking their result afterwards would come after the allocation (``expandtabs(1000000)`` of
+    300 tabs had built 300 MB first); for a ``sum`` filter of lists, the
     items it would copy (:func:`_sum_size`). ``value`` is the filtered value, or the string whose
     method (``method``) is called. 0 for anything else."""
     try:
@@ -114,9 +115,34 @@ def _amplified_size(name: str, value, args: tuple, kwargs: dict, method: bool) -
                 return len(value) * max([len(x) for x in texts if isinstance(x, str)] + [1])
         elif name == "sum" and not method:
             return _sum_size(value, args, kwargs)
+        elif name == "tojson" and not method:
+            indent = (list(args) + [kwargs.get("indent")])[0]
+            w = len(indent) if isinstance(indent, str) else indent if isinstance(indent, int) else 0
+            return _json_size(value, max(w, 0)) if w else 0
+        elif name == "wordwrap" and not method and isinstance(value, str):
+            wrap = args[2] if len(args) > 2 else kwargs.get("wrapstring")  # after width, break_long_words
+            # at most one line per character of the text, each but the first after a wrapstring
+            return len(value) * (1 + len(wrap)) if isinstance(wrap, str) else 0
     except TypeError:
         pass
     return 0
+
+
+def _json_size(value, indent: int) -> int:
+    """At least the extra characters ``tojson(indent=indent)`` writes for ``value``: each item of a
+    list or dict, at depth ``d``, on a line of its own after ``indent * d`` spaces. A nested value
+    multiplies the indent by its depth (``[[[...1...]]]|tojson(indent=1000000)`` at depth 12 had
+    built 144 MB before its size was checked); walked without recursion, and no further than
+    :data:`TEMPLATE_CHARS` items."""
+    total, stack, seen = 0, [(value, 1)], 0
+    while stack and seen < TEMPLATE_CHARS:
+        v, depth = stack.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ()
+        for item in items:
+            seen += 1
+            total += 1 + indent * depth
+            stack.append((item, depth + 1))
+    return total
 
 
 def _sum_size(items, args: tuple, kwargs: dict) -> int:
@@ -162,9 +188,10 @@ class ChatEnvironment(ImmutableSandboxedEnvironment):
     rewritten (:class:`_Bounded`) so that every ``for`` loop counts its iterations, every output
     counts its characters and every ``~`` concatenation is checked for size; ``range`` items, calls
     and filters count too, up to :data:`TEMPLATE_STEPS` in all. Products (``*``, ``**``, ``+``,
-    ``%``), ``replace``, ``join``, ``indent``, ``expandtabs``, ``translate`` and a ``sum`` of lists
-    are sized before they run, integer arguments of calls and filters above ``max_chars`` (and
-    numbers in the string arguments of a ``format`` whose widths are fields) are refused, and every
+    ``%``), ``replace``, ``join``, ``indent``, ``expandtabs``, ``translate``, ``tojson``,
+    ``wordwrap`` and a ``sum`` of lists are sized before they run, integer arguments of calls and
+    filters above ``max_chars`` (and numbers in the string arguments of a ``format`` whose widths
+    are fields) are refused, and every
     value a call or filter returns is sized after. The counters belong to the calling thread and
     :meth:`start` resets them before each rendering, so one instance (a tokenizer's) may render in
     several threads at once.

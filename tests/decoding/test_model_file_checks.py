@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+import tracemalloc
 
 import gguf
 import numpy as np
@@ -383,10 +384,35 @@ def test_amplifying_filters_are_sized_before_they_run(tiny64, template, what):
     assert time.perf_counter() - t0 < 2
 
 
+# tojson's indent multiplies by the nesting depth, wordwrap's wrapstring by the lines: their results
+# had been sized only after they were built (144 MB at depth 12, 200 MB for 2,000 characters)
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ " + "[" * 12 + "1" + "]" * 12 + "|tojson(indent=1000000) }}",
+        "{{ " + "[" * 20 + "1" + "]" * 20 + "|tojson(indent=' ' * 1000000) }}",
+        "{{ {'a': {'b': {'c': {'d': [1, 2, 3]}}}}|tojson(1000000) }}",
+        "{{ ('a' * 2000)|wordwrap(1, wrapstring=' ' * 100000) }}",
+        "{{ ('a' * 2000)|wordwrap(1, True, ' ' * 100000) }}",
+    ],
+)
+def test_nested_and_wrapped_output_is_sized_before_it_is_built(tiny64, template):
+    bad = _tokenizer(tiny64, template)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"tokenizer\.chat_template would build by (tojson|wordwrap)"):
+            bad.apply_chat_template(MSG)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20e6
+
+
 def test_real_uses_of_those_filters_still_render(tiny64):
     template = (
         "{{ 'a\\tb'.expandtabs(4) }}|{{ 'ab'.translate({97: 'xy'}) }}|{{ '{0:>{1}}'.format('c', '3') }}|"
-        "{{ [[1], [2, 3]]|sum(start=[]) }}|{{ 3 * 4 }}"
+        "{{ [[1], [2, 3]]|sum(start=[]) }}|{{ 3 * 4 }}|{{ {'a': [1]}|tojson(indent=1) }}|"
+        "{{ 'ab cd'|wordwrap(2, wrapstring='/') }}"
     )
     tok = _tokenizer(tiny64, template)
-    assert tok.apply_chat_template(MSG) == "a   b|xyb|  c|[1, 2, 3]|12"
+    assert tok.apply_chat_template(MSG) == 'a   b|xyb|  c|[1, 2, 3]|12|{\n "a": [\n  1\n ]\n}|ab/cd'

@@ -72,6 +72,11 @@ _ALLOCATE_ELEMENTS = 1 << 16
 #: The most steps the budget's back-off skips (:meth:`DraftBudget.record_decision`).
 MAX_SKIP = 64
 
+#: The seconds a cost model may give a forward: a nanosecond to eleven days. A curve of subnormal
+#: seconds (``1e-320``) had been accepted and then made the back-off's quotient infinite, an
+#: ``OverflowError`` part-way through a generation.
+MIN_SECONDS, MAX_SECONDS = 1e-9, 1e6
+
 
 def cost_cache_dir() -> Path:
     """``$DECODING_CACHE_DIR`` or ``~/.cache/decoding``: where measured cost models are kept.
@@ -159,15 +164,17 @@ class CostModel:
             or (np.diff(t) <= 0).any() or t[0] < 1
         ):  # fmt: skip
             raise ValueError("tokens must be >= 2 increasing counts from 1 up, with one seconds value each")
-        if not np.isfinite(s).all() or (s <= 0).any():
-            raise ValueError("seconds must be positive")
+        if not ((s >= MIN_SECONDS) & (s <= MAX_SECONDS)).all():  # False for NaN too
+            raise ValueError(
+                f"seconds must lie in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] (a forward's time), got {s.tolist()}"
+            )
         # a NaN or infinite cost per sequence made every later prediction NaN (a draft budget then
         # failed mid-generation), a negative one made more sequences cheaper
         ps = self.per_sequence
         if isinstance(ps, (bool, np.bool_)) or not isinstance(ps, numbers.Real):
             raise TypeError(f"per_sequence must be a number of seconds, got {type(ps).__name__} {ps!r}")
-        if not (math.isfinite(ps) and ps >= 0):
-            raise ValueError(f"per_sequence must be finite and >= 0 seconds, got {ps}")
+        if not 0 <= ps <= MAX_SECONDS:
+            raise ValueError(f"per_sequence must lie in [0, {MAX_SECONDS:g}] seconds, got {ps}")
         object.__setattr__(self, "tokens", tuple(float(x) for x in t))
         object.__setattr__(self, "seconds", tuple(float(x) for x in np.maximum.accumulate(s)))
         object.__setattr__(self, "per_sequence", float(ps))
@@ -265,8 +272,16 @@ class CostModel:
         return cls(tuple(grid), tuple(secs), per_seq)
 
     def scaled(self, factor: float) -> CostModel:
-        """The same curve times ``factor`` (what the live steps say the machine runs at now)."""
-        return CostModel(self.tokens, tuple(factor * x for x in self.seconds), factor * self.per_sequence)
+        """The same curve times ``factor`` (what the live steps say the machine runs at now), kept
+        within ``[MIN_SECONDS, MAX_SECONDS]``.
+
+        Examples
+        --------
+        >>> CostModel((1, 2), (0.01, 0.02)).scaled(2.0).seconds
+        (0.02, 0.04)
+        """
+        seconds = np.clip(factor * np.asarray(self.seconds), MIN_SECONDS, MAX_SECONDS)
+        return CostModel(self.tokens, tuple(seconds.tolist()), min(factor * self.per_sequence, MAX_SECONDS))
 
     @staticmethod
     def cache_path(model, cache_dir=None) -> Path:
@@ -610,9 +625,11 @@ class DraftBudget:
 
     def _share_skip(self, seconds: float) -> int:
         """Steps to skip so that an ask of ``seconds`` costs at most ``ask_share`` of the forwards."""
-        if self.ask_share <= 0 or seconds <= 0 or not self._forward:
+        if self.ask_share <= 0 or seconds <= 0 or self._forward is None:
             return 0
-        return min(MAX_SKIP, math.ceil(seconds / (self.ask_share * self._forward)))
+        allowed = self.ask_share * self._forward
+        steps = seconds / allowed if allowed > 0 else math.inf
+        return math.ceil(steps) if steps < MAX_SKIP else MAX_SKIP
 
     def sample_joined(self) -> None:
         """A new sample joined the batch (continuous batching): the next step asks the drafter.

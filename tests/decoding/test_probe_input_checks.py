@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from decoding.cost_model import CostModel, DraftBudget
+from decoding.cost_model import MAX_SKIP, CostModel, DraftBudget
 from decoding.drafters import DraftModelDrafter, LLMADrafter, PromptLookupDrafter, make_drafter
 from decoding.kv_cache import KVCache
 from decoding.model import PackedBatch
@@ -166,10 +166,28 @@ def test_truncated_model_needs_an_integer_layer_count(model):
 
 
 # -- 3. cost model and draft budget ----------------------------------------------------------------
-@pytest.mark.parametrize("ps", [math.nan, math.inf, -1.0])
+@pytest.mark.parametrize("ps", [math.nan, math.inf, -1.0, 1e7])
 def test_cost_model_refuses_a_bad_per_sequence(ps):
     with pytest.raises(ValueError, match="per_sequence"):
         CostModel((1, 64), (0.01, 0.02), per_sequence=ps)
+
+
+# subnormal seconds had been accepted, then failed part-way through a generation (OverflowError in
+# the back-off's quotient); a cache file holding them is measured again (the constructor refuses it)
+@pytest.mark.parametrize(
+    "seconds", [(1e-320, 2e-320), (1e-12, 0.01), (0.01, 1e7), (0.0, 0.01), (0.01, math.inf)]
+)
+def test_cost_model_refuses_seconds_no_forward_takes(seconds):
+    with pytest.raises(ValueError, match=r"seconds must lie in \[1e-09, 1e\+06\]"):
+        CostModel((1, 64), seconds)
+
+
+def test_scaled_curve_stays_in_range_and_the_back_off_stays_finite():
+    cm = CostModel((1, 64), (1e-9, 1e-3))
+    assert cm.scaled(1e-6).seconds == (1e-9, 1e-9) and cm.scaled(1e12).seconds == pytest.approx((1e3, 1e6))
+    b = DraftBudget(cm)
+    b._forward = 5e-324  # as small as a float gets: the quotient is infinite
+    assert b._share_skip(0.001) == MAX_SKIP
 
 
 def test_cost_model_checks_its_types_and_token_counts():
@@ -197,6 +215,8 @@ def test_a_damaged_cost_cache_is_measured_again(model, tmp_path, monkeypatch):
         path.write_text(json.dumps({"tokens": [1, 8], "seconds": [0.1, 0.2], "per_sequence": ps}))
         assert CostModel.for_model(model, cache_dir=tmp_path) == fresh
     path.write_text(json.dumps({"tokens": [1, 8], "seconds": [0.1, float("nan")], "per_sequence": 0.0}))
+    assert CostModel.for_model(model, cache_dir=tmp_path) == fresh
+    path.write_text(json.dumps({"tokens": [1, 8], "seconds": [1e-320, 2e-320], "per_sequence": 0.0}))
     assert CostModel.for_model(model, cache_dir=tmp_path) == fresh
     path.write_text(json.dumps({"tokens": [1, 8], "seconds": [0.1, 0.2], "per_sequence": 0.0}))
     assert CostModel.for_model(model, cache_dir=tmp_path) == CostModel((1, 8), (0.1, 0.2))

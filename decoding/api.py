@@ -82,6 +82,12 @@ def _loop_arguments(
         raise TypeError(
             f"tokenizer must be a decoding.Tokenizer (with encode and decode), got {type(tokenizer).__name__}"
         )
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if vocab is not None and vocab != model.config.vocab_size:  # its ids would index another embedding
+        raise ValueError(
+            f"tokenizer has {vocab:,} tokens and the model {model.config.vocab_size:,}: give the model's "
+            "own tokenizer (load_model returns both)"
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
         raise TypeError(f"max_new_tokens must be an integer, got {type(max_new_tokens).__name__}")
     max_new_tokens = int(max_new_tokens)  # a NumPy integer would overflow in len(p) + max_new_tokens

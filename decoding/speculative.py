@@ -43,7 +43,7 @@ import numpy as np
 from ._threads import engine_threads
 from ._xp import to_host
 from .cost_model import CostModel, DraftBudget
-from .drafters import DRAFTERS, Drafter, DraftModelDrafter, make_drafter
+from .drafters import DRAFTERS, Drafter, DraftModelDrafter, Proposal, make_drafter
 from .model import PackedBatch
 from .results import GenerationResult
 from .sampling import SamplingParams, TokenNoise, filtered_probs, greedy, inverse_cdf, sample
@@ -557,6 +557,12 @@ def _draft(
             cut = bool(room.any()) and not plan.any()  # (at a batch's last step there is no room)
             room = np.minimum(room, plan)
     proposal = drafter.propose(contexts, room, active)
+    if not isinstance(proposal, Proposal) or not isinstance(proposal.tokens, (list, tuple)):
+        got = type(proposal.tokens if isinstance(proposal, Proposal) else proposal).__name__
+        raise TypeError(
+            f"drafter {drafter.name!r} proposed a {got} (Drafter.propose returns a Proposal of a list "
+            "with one, possibly empty, draft per sample)"
+        )
     if len(proposal.tokens) != len(active):  # a custom drafter's slip met zip()'s "shorter than"
         raise ValueError(
             f"drafter {drafter.name!r} proposed {len(proposal.tokens)} drafts for {len(active)} samples "

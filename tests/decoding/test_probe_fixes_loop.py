@@ -96,6 +96,56 @@ def test_a_drafter_that_proposes_too_few_drafts_is_named(tiny64):
         decoding.generate(model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=4, method="ems", drafter=_Short())
 
 
+class _Returns(Drafter):
+    """Returns ``value`` from propose, whatever it is."""
+
+    name = "returns"
+
+    def __init__(self, value):
+        self.value = value
+
+    def propose(self, contexts, max_tokens, samples):
+        return self.value(samples)
+
+
+# a custom drafter's slip had met a bare AttributeError ('list' object has no attribute 'tokens')
+@pytest.mark.parametrize(
+    ("value", "got"),
+    [
+        (lambda samples: [np.array([1]) for _ in samples], "list"),
+        (lambda samples: None, "NoneType"),
+        (lambda samples: Proposal(np.array([1]) for _ in samples), "generator"),
+    ],
+)
+def test_a_drafter_that_returns_no_proposal_is_named(tiny64, value, got):
+    model, tok = tiny64
+    with pytest.raises(
+        TypeError, match=rf"^drafter 'returns' proposed a {got} \(Drafter\.propose returns a Proposal"
+    ):
+        decoding.generate(
+            model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=4, method="ems", drafter=_Returns(value)
+        )
+
+
+class _OtherVocabulary:
+    """A tokenizer of another model: 300 tokens where the tiny model has 264."""
+
+    vocab_size = 300
+
+    def encode(self, text):
+        return [1, 2, 3]
+
+    def decode(self, ids):
+        return ""
+
+
+@pytest.mark.parametrize("prompt", ["hello", [1, 2, 3]])
+def test_a_tokenizer_of_another_model_is_refused_before_decoding(tiny64, prompt):
+    model, _ = tiny64
+    with pytest.raises(ValueError, match="^tokenizer has 300 tokens and the model 264: give the model's own"):
+        decoding.generate(model, _OtherVocabulary(), [prompt], max_new_tokens=2)
+
+
 class _Fixed(Drafter):
     """Proposes ``draft`` for sample 1 and an empty list (float64 to NumPy) for every other."""
 

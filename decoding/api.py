@@ -176,8 +176,12 @@ def generate(
         at the uniform ``u(i, t)`` of :class:`~decoding.sampling.TokenNoise`, a pure function of
         the seed: the same seed gives the same tokens for every method (speculative decoding
         verifies drafts against the very token sampling draws), batch size, ``max_batch``, thread
-        count and draft budget. None draws a fresh seed. A Generator (or RandomState) is drawn
-        from once, when sampling, after every argument is checked.
+        count and draft budget, on the quantized engine (the default), whose products of a token do
+        not depend on the tokens beside it in a forward. The float32 and float64 engines
+        (``load_model(dtype=...)``) order a token's sums by how many tokens the forward holds, so
+        their logits, and so their tokens at near-ties, can differ between methods and batch
+        sizes (``docs/speculative.md``). None draws a fresh seed. A Generator
+        (or RandomState) is drawn from once, when sampling, after every argument is checked.
     stream : callable, optional
         ``stream(i, text)`` receives each new piece of the text of prompt ``i`` as it is generated.
     method : {"autoregressive", "ems", "vanilla"}, default "autoregressive"

@@ -37,6 +37,10 @@ def _prompt_ids(tokenizer, prompts, vocab_size) -> list[list[int]]:
             ids = check_token_ids(p, f"prompts[{i}]", vocab_size)
         else:
             raise TypeError(f"prompts[{i}] must be a str or a list of token ids, got {type(p).__name__}")
+        if not ids and isinstance(p, str):  # a byte-level BPE drops the bytes it has no token for
+            raise ValueError(
+                f"prompts[{i}] ({p[:40]!r}) encodes to no tokens: the vocabulary has none of its bytes"
+            )
         if not ids:
             raise ValueError(f"prompts[{i}] is empty (no tokens)")
         out.append(ids)

@@ -178,3 +178,10 @@ def test_cli_generate_and_demo(real_model, monkeypatch, capsys):
     assert rc == 0 and out.count("Q: ") == 4 and "tok/s" in out
     assert "MB of quantized weights" in out  # the default engine, as the fixture loads it
     assert out.count("identical text: True") == 2  # EMS-SD verifying every draft, and with the budget
+
+
+def test_bytes_without_tokens_are_dropped_and_a_prompt_of_them_alone_is_named(real_model):
+    model, tok = real_model
+    assert tok.encode("a\x04b") == tok.encode("a") + tok.encode("b")  # as llama.cpp and tokenizers do
+    with pytest.raises(ValueError, match=r"^prompts\[1\] \('\\x04\\x06'\) encodes to no tokens"):
+        generate(model, tok, ["hi", "\x04\x06"], max_new_tokens=2)

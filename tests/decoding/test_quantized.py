@@ -95,7 +95,7 @@ def test_activations_are_quantized_as_llama_cpp_does():
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
 @pytest.mark.parametrize(("N", "K"), [(1, 32), (7, 64), (33, 576), (130, 1536)])
-@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 6, 7, 8, 13])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 17, 33])
 def test_product_within_float32_rounding(qtype, N, K, T):
     rng = np.random.default_rng(N * 1000 + K + T)
     qm, _ = quantized(rng, (N, K), qtype)
@@ -122,11 +122,12 @@ def test_a_tokens_products_do_not_depend_on_the_others(qtype):
     # (the speculative steps reproduce the autoregressive tokens because of this)
     rng = np.random.default_rng(1)
     qm, _ = quantized(rng, (40, 96), qtype)
-    x = rng.normal(size=(13, 96)).astype(np.float32)
+    x = rng.normal(size=(40, 96)).astype(np.float32)  # passes of up to PASS_TOKENS tokens: several
     whole = quantized_linear(x, qm)
-    for t in (0, 5, 12):
+    for t in (0, 5, 12, 16, 39):
         np.testing.assert_array_equal(quantized_linear(x[t : t + 1], qm)[0], whole[t])
     np.testing.assert_array_equal(quantized_linear(x[3:11], qm), whole[3:11])
+    np.testing.assert_array_equal(quantized_linear(x[7:24], qm), whole[7:24])
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])

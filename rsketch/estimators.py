@@ -122,10 +122,14 @@ def _check_fit_device(estimator, fitted, X, method):
 def _centred_sum_of_squares(X, mean, A, c, xp) -> float:
     """``||(X - 1 mean.T) / c||_F^2``: from the column variances of ``X / c`` for a sparse ``X``, else
     from the centred ``A`` (scaled in place: it is a copy, no longer needed)."""
+    # divided by c, not multiplied by 1 / c: below 2**-1024 (float32: 2**-128) that overflows, and
+    # data of 1e-310 had ratios of 0 and an infinite noise variance
     if sp.issparse(X):
-        return float(mean_variance_axis(X.multiply(1.0 / c).tocsr(), axis=0)[1].sum()) * X.shape[0]
+        scaled = X.tocsr(copy=True)
+        scaled.data /= c
+        return float(mean_variance_axis(scaled, axis=0)[1].sum()) * X.shape[0]
     if not is_non_numpy_array(A):
-        A *= 1.0 / c
+        A /= c
         return float(np.einsum("ij,ij->", A, A, dtype=np.float64))
     A = A / c
     return float(xp.sum(A * A, dtype=xp.float64))

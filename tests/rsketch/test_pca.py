@@ -1,5 +1,7 @@
 """SketchedPCA: check_estimator, agreement with scikit-learn's PCA, sparse input without densifying."""
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -168,6 +170,24 @@ def test_explained_variance_ratio_at_any_scale(fmt):
         pca = SketchedPCA(3, random_state=0).fit(sp.csr_matrix(Xs) if fmt == "csr" else Xs)
         np.testing.assert_allclose(pca.explained_variance_ratio_, base.explained_variance_ratio_, rtol=1e-12)
         np.testing.assert_allclose(pca.singular_values_ / scale, base.singular_values_, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "csr"])
+@pytest.mark.parametrize(
+    ("dtype", "scale", "shift", "rtol"), [(np.float64, 1e-310, 1060, 1e-12), (np.float32, 1e-40, 140, 1e-4)]
+)
+def test_explained_variance_ratio_of_subnormal_data(fmt, dtype, scale, shift, rtol):
+    # the ratios' scaling multiplied by 1 / c, which overflows where c (a power of two near s_1) is
+    # below 2**-1024 (float32: 2**-128): the ratios came out 0 and the noise variance inf (NaN sparse).
+    # The reference: scikit-learn's PCA of the same (rounded) data scaled up exactly.
+    rng = np.random.default_rng(14)
+    Xs = (rng.standard_normal((300, 20)) * np.exp(-np.arange(20) / 4) * scale).astype(dtype)
+    ref = PCA(5, svd_solver="full").fit(np.ldexp(Xs.astype(np.float64), shift))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow in a cast either
+        pca = SketchedPCA(5, random_state=0).fit(sp.csr_matrix(Xs) if fmt == "csr" else Xs)
+    np.testing.assert_allclose(pca.explained_variance_ratio_, ref.explained_variance_ratio_, rtol=rtol)
+    assert np.isfinite(pca.noise_variance_) and pca.noise_variance_ >= 0
 
 
 @pytest.mark.parametrize("fmt", ["dense", "csr"])

@@ -110,7 +110,9 @@ def check_finite(A, name: str = "A") -> None:
     ...
     ValueError: y contains NaN or infinite values
     """
-    data = A.data if sp.issparse(A) else A
+    data = A
+    if sp.issparse(A):  # a compressed matrix's storage past indptr[-1] is spare (SciPy allows it)
+        data = A.data[: int(A.indptr[-1])] if hasattr(A, "indptr") else A.data
     if isinstance(data, np.ndarray):
         ok = _all_finite(data)
     else:
@@ -178,6 +180,61 @@ def as_matrix(X):
     return X
 
 
+def check_sparse_structure(A, name: str = "A") -> None:
+    """``ValueError`` where a sparse ``A``'s index arrays point outside it.
+
+    SciPy checks them when a matrix is built, not after: an index changed in place (or arrays
+    given with ``check_format`` skipped) reached the kernels, which read out of bounds (a column
+    index of ``10**6`` crashed the process; a negative one gave the decomposition of another
+    matrix). One pass over the stored indices (``indptr[-1]`` of them: storage past it is spare,
+    as SciPy allows) and ``indptr``; COO's coordinates likewise.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.csr_matrix(np.eye(3))
+    >>> check_sparse_structure(A)
+    >>> A.indices[1] = 7
+    >>> check_sparse_structure(A)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: A has column index 7 (stored entry 1) outside [0, 3): a malformed sparse matrix; ...
+    """
+    fmt = A.format
+    hint = f"a malformed sparse matrix; see {name}.check_format(full_check=True)"
+    if fmt == "coo":
+        for axis, (what, coords) in enumerate((("row", A.row), ("column", A.col))):
+            _check_indices(coords[: A.nnz], A.shape[axis], what, name, hint)
+        return
+    if fmt not in ("csr", "csc", "bsr"):
+        return  # LIL, DOK, DIA: Python structures or offsets SciPy's conversions check
+    major, minor = A.shape if fmt != "csc" else A.shape[::-1]
+    if fmt == "bsr":
+        major, minor = major // A.blocksize[0], minor // A.blocksize[1]
+    indptr, indices = np.asarray(A.indptr), np.asarray(A.indices)
+    stored = int(indptr[-1]) if indptr.ndim == 1 and indptr.size == major + 1 else -1
+    if (
+        stored < 0
+        or indptr[0] != 0
+        or stored > min(indices.size, A.data.shape[0])
+        or (np.diff(indptr) < 0).any()
+    ):
+        raise ValueError(
+            f"{name}'s indptr is not that of a {fmt.upper()} matrix of shape {A.shape}: it must hold "
+            f"{major + 1} offsets from 0, never decreasing, to at most the {indices.size} stored "
+            f"indices; {hint}"
+        )
+    _check_indices(indices[:stored], minor, "row" if fmt == "csc" else "column", name, hint)
+
+
+def _check_indices(idx, bound: int, what: str, name: str, hint: str) -> None:
+    if idx.size and (idx.min() < 0 or idx.max() >= bound):
+        at = int(np.flatnonzero((idx < 0) | (idx >= bound))[0])
+        raise ValueError(
+            f"{name} has {what} index {idx[at]} (stored entry {at}) outside [0, {bound}): {hint}"
+        )
+
+
 def check_operand(
     A, rows: int | None, name: str = "A", *, check_finite_values: bool = True, rows_label: str | None = None
 ):
@@ -204,6 +261,7 @@ def check_operand(
             raise ValueError(f"{name} must have {rows} rows{why}, got shape {A.shape}")
         if A.shape[1] == 0 or A.shape[0] == 0:
             raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
+        check_sparse_structure(A, name)
         # cast before a conversion sums duplicate entries: in int8 they wrapped (100 + 100 = -56) and
         # in bool they OR'd, so a COO matrix gave another S @ A than the same matrix as CSR
         A = A.astype(dt, copy=False)

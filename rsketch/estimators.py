@@ -16,7 +16,8 @@ from scipy.sparse.linalg import LinearOperator
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, RegressorMixin, TransformerMixin
 from sklearn.utils.extmath import svd_flip
 from sklearn.utils.sparsefuncs import mean_variance_axis
-from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted
+from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
 from rsketch._backend import is_non_numpy_array, like, numpy_namespace, to_host
 from rsketch._exact_scaling import scale_design, shift_down, unit_exponent
@@ -27,6 +28,7 @@ from rsketch._validation import (
     check_option,
     check_seed,
     check_sketch_kind,
+    check_sparse_structure,
 )
 from rsketch.dask import check_dask_operand, is_dask_array, validate_dask_problem
 from rsketch.linalg import GramOperator, default_sketch_size, lstsq, nystrom_pcg, svd
@@ -34,6 +36,17 @@ from rsketch.linalg._common import column_norms, frobenius_norm
 from rsketch.linalg._lowrank import RANGE_METHODS, check_passes
 from rsketch.operators import SketchOperator
 from rsketch.operators.base import canonical_csr
+
+
+def _validated(estimator, X, *args, **kwargs):
+    """scikit-learn's ``validate_data``, after a sparse ``X``'s index arrays are checked
+    (:func:`rsketch._validation.check_sparse_structure`: SciPy's products and conversions, and
+    scikit-learn's variances, read out of bounds where an index was changed in place; a fit had
+    crashed the process)."""
+    if sp.issparse(X):
+        check_sparse_structure(X, "X")
+    return _sklearn_validate_data(estimator, X, *args, **kwargs)
+
 
 # A ridge design this wide gets Nyström-preconditioned CG on the normal equations (issue 21): the
 # augmented sketch-and-precondition would factor a sketch of at least p x p (O(p^3)) and sketch the
@@ -366,7 +379,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
                 f"y must be a dense array, got a sparse {type(y).__name__}: pass y.toarray() (scikit-learn's "
                 "regressors take dense targets)"
             )
-        X, y = validate_data(
+        X, y = _validated(
             self,
             X,
             y,
@@ -516,12 +529,12 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             return X.astype(np.float64) @ self.coef_.T + self.intercept_
         if is_non_numpy_array(X) or is_non_numpy_array(self.coef_):
             return self._predict_array_api(X)
-        X = validate_data(self, X, accept_sparse=("csr", "csc", "coo"), reset=False)
+        X = _validated(self, X, accept_sparse=("csr", "csc", "coo"), reset=False)
         return np.asarray(X @ self.coef_.T) + self.intercept_
 
     def _predict_array_api(self, X):
         _check_fit_device(self, self.coef_, X, "predict")
-        X = validate_data(self, X, reset=False)
+        X = _validated(self, X, reset=False)
         xp = array_api_compat.array_namespace(X)
         X = xp.astype(X, xp.float64) if X.dtype != xp.float64 else X
         coef = self.coef_ if self.coef_.ndim == 1 else xp.matrix_transpose(self.coef_)
@@ -896,7 +909,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         device_input = is_non_numpy_array(X)
         if device_input:  # CuPy: fitted on its device, under scikit-learn's array API dispatch
             _require_dispatch(X, "fit")
-        X = validate_data(
+        X = _validated(
             self,
             X,
             accept_sparse=False if device_input else ("csr", "csc"),
@@ -1015,9 +1028,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
             Ct = xp.matrix_transpose(self.components_)
             Z = X @ Ct - self.mean_ @ Ct
         else:
-            X = validate_data(
-                self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False
-            )
+            X = _validated(self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False)
             Z = np.asarray(X @ self.components_.T) - self.mean_ @ self.components_.T
         return Z / self._scale() if self.whiten else Z
 
@@ -1025,7 +1036,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         """``X`` of the fit's library and device (scikit-learn's ``ValueError`` otherwise), checked."""
         _check_fit_device(self, self.components_, X, method)
         if check_features:  # transform: X has the features seen in fit
-            X = validate_data(self, X, reset=False)
+            X = _validated(self, X, reset=False)
         else:
             X = check_array(X)
         xp = array_api_compat.array_namespace(X)
@@ -1174,9 +1185,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
             X = self._check_device_input(X, "score_samples", check_features=True)
         else:
-            X = validate_data(
-                self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False
-            )
+            X = _validated(self, X, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32], reset=False)
         n, p = X.shape
         mean = xp.astype(self.mean_, W.dtype)
         # quad = ||r - W.T W r||^2 / sigma2 + sum_i (w_i . r)^2 / (d_i + sigma2), r = x - mean: the

@@ -116,8 +116,12 @@ def nystrom_preconditioner(approx: NystromResult, mu: float) -> LinearOperator:
     >>> np.round(P_inv @ (A + np.eye(4)) @ np.ones(4), 10).tolist()  # eigenvalues lambda_l + mu = 2, and 1
     [2.0, 2.0, 2.0, 1.0]
     """
+    if not isinstance(approx, NystromResult):
+        raise TypeError(f"approx must be a NystromResult (from nystrom), got {type(approx).__name__}")
+    mu = check_real(mu, "mu")  # a string had been taken; 0 gave a singular "preconditioner"
+    if not (math.isfinite(mu) and mu > 0):
+        raise ValueError(f"mu must be a finite number > 0 (P is then positive definite), got {mu}")
     U, lam = approx.U, approx.eigenvalues
-    mu = float(mu)
     scale = (lam[-1] + mu) / (lam + mu) - 1.0  # P^-1 = I + U diag(scale) U.T
 
     def apply(v):
@@ -168,7 +172,8 @@ def nystrom_pcg(
     oversample : int, default 10
         With ``rank`` only.
     sketch : str, default "gaussian"
-        The Nyström test matrix (see :func:`rsketch.linalg.nystrom`).
+        The Nyström test matrix (see :func:`rsketch.linalg.nystrom`); ``"uniform"`` with ``rank``
+        only (the adaptive rounds would sample a column twice).
     tol : float, default 1e-12
         Stop when ``||r|| <= tol ||b||`` (per column).
     max_iter : int, optional
@@ -228,6 +233,12 @@ def nystrom_pcg(
         )
     if not isinstance(sketch, SketchOperator):
         check_test_matrix_kind(sketch)
+    if rank is None and sketch == "uniform":  # each round drew anew: a column twice, every time
+        raise ValueError(
+            "sketch='uniform' with the adaptive rank samples each round's columns anew, and a column "
+            "sampled twice leaves the sketch singular: give rank= (one sample without replacement) or "
+            "use sketch='sparse_sign' or 'gaussian'"
+        )
     max_rank = min(check_int(max_rank, "max_rank", minimum=1), n)
     initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
     # checked with the adaptive rank too, which does not use it: an option is valid or not

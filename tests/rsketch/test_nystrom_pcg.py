@@ -178,9 +178,35 @@ def test_a_test_block_with_dependent_columns_is_refused_clearly():
     M = sketch_matrix(make_sketch("countsketch", 40, 10, seed=seed_sequence(0).spawn(64)[0]), np.float64)
     assert (abs(M).sum(axis=1) == 0).any() and not _well_conditioned((M @ M.T).toarray())
     A, _ = psd(n=40, seed=2, decay=0.7)
-    for kind in ("countsketch", "uniform"):
-        with pytest.raises(ValueError, match="linearly dependent columns"):
-            nystrom_pcg(A, np.ones(40), 1e-3, initial_rank=10, max_rank=10, sketch=kind, seed=0)
+    with pytest.raises(ValueError, match="linearly dependent columns"):
+        nystrom_pcg(A, np.ones(40), 1e-3, initial_rank=10, max_rank=10, sketch="countsketch", seed=0)
+
+
+def test_uniform_sampling_takes_a_rank_not_the_adaptive_rounds():
+    # each adaptive round sampled anew: a column twice, at every max_rank and mu tried, and the
+    # error came after the products; refused first now, and one sample without replacement works
+    rng = np.random.default_rng(19)
+    X = rng.standard_normal((400, 300))
+    A, b = X.T @ X, rng.standard_normal(300)
+    with pytest.raises(ValueError, match="sketch='uniform' with the adaptive rank samples each round"):
+        nystrom_pcg(A, b, 1e-2, sketch="uniform", seed=0)
+    res = nystrom_pcg(A, b, 1e-2, sketch="uniform", rank=100, seed=0)
+    assert res.converged
+    np.testing.assert_allclose(res.x, np.linalg.solve(A + 1e-2 * np.eye(300), b), rtol=1e-8)
+
+
+def test_the_preconditioner_checks_mu_and_its_approximation():
+    from rsketch.linalg import nystrom, nystrom_preconditioner
+
+    approx = nystrom(np.diag([3.0, 2.0, 0.0, 0.0]), 2, oversample=1, seed=0)
+    for mu in (0.0, -1.0, math.inf, math.nan):  # 0 had given a singular "preconditioner"
+        with pytest.raises(ValueError, match="mu must be a finite number > 0"):
+            nystrom_preconditioner(approx, mu)
+    with pytest.raises(TypeError, match="mu"):
+        nystrom_preconditioner(approx, "1")
+    with pytest.raises(TypeError, match="approx must be a NystromResult"):
+        nystrom_preconditioner(np.eye(4), 1.0)
+    assert nystrom_preconditioner(approx, np.float32(1.0)).shape == (4, 4)
 
 
 def test_several_right_hand_sides_and_operator_input():

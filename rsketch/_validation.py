@@ -54,6 +54,24 @@ def check_int(value, name: str, *, minimum: int | None = None, maximum: int | No
     return value
 
 
+def check_bool(value, name: str) -> bool:
+    """``value`` as a bool: a bool (NumPy's too) or the integer 0 or 1; ``TypeError`` otherwise (a
+    string ``"no"`` had counted as True).
+
+    Examples
+    --------
+    >>> check_bool(0, "error_probes"), check_bool(np.True_, "flip_sign")
+    (False, True)
+    >>> check_bool("no", "flip_sign")
+    Traceback (most recent call last):
+    ...
+    TypeError: flip_sign must be True or False, got str 'no'
+    """
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
     """Accept float32 or float64 (anything ``np.dtype`` understands as one of them)."""
     try:

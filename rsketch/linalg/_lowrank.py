@@ -26,6 +26,7 @@ from rsketch._backend import is_non_numpy_array, like, to_host
 from rsketch._exact_scaling import max_abs, safe_shift, unit_exponent
 from rsketch._validation import (
     check_allocation,
+    check_bool,
     check_int,
     check_operand,
     check_option,
@@ -576,6 +577,9 @@ def _find_range(
     passes = check_passes(passes)
     check_option(method, "method", RANGE_METHODS)
     check_seed(seed)
+    error_probes = check_bool(error_probes, "error_probes")
+    # an option is valid or not, whether tol (the adaptive finder that uses it) is given or not
+    block_size = check_int(block_size, "block_size", minimum=1)
     if method == "block_krylov" and passes % 2 == 0 and tol is None:  # with tol, each block is subspace
         raise ValueError(f"method='block_krylov' needs an odd number of passes (2 q + 1), got {passes}")
     seeds = seed_sequence(seed).spawn(2)
@@ -598,7 +602,6 @@ def _find_range(
         tol = check_real(tol, "tol")
         if not (tol > 0 and math.isfinite(tol)):
             raise ValueError(f"tol must be a finite number > 0, got {tol}")
-        block_size = check_int(block_size, "block_size", minimum=1)
         _check_sketch(sketch, n if passes % 2 else m, min(block_size, rank))  # before the plan
         # rounds not known ahead: A @ W for the probes, then one block's scatters times as many
         # blocks as may come, then svd's
@@ -990,6 +993,8 @@ def svd(
                 "method='block_krylov'"
             )
     oversample = check_int(oversample, "oversample", minimum=0)
+    error_probes = check_bool(error_probes, "error_probes")
+    flip_sign = check_bool(flip_sign, "flip_sign")
     krylov_width = block_size if tol is None else None
     args = (rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0)
     if is_dask_array(A) or is_non_numpy_array(A):
@@ -1281,6 +1286,7 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
         raise ValueError(f"A must be square for eigh, got shape {A.shape}")
     check_symmetric(A)
     rank = _check_rank(rank, m, n)
+    error_probes = check_bool(error_probes, "error_probes")
     if isinstance(A, LinearOperator):  # symmetric: A.T products are A's (a matvec alone is enough)
         A = LinearOperator(A.shape, matvec=A.matvec, rmatvec=A.matvec, matmat=A.matmat, rmatmat=A.matmat,
                            dtype=A.dtype)  # fmt: skip

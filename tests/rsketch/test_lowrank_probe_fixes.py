@@ -256,3 +256,45 @@ def test_the_range_finders_memory_estimate_covers_what_it_allocates(kw, monkeypa
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert estimates and peak <= max(estimates)
+
+
+# -- flags and options checked whatever else is given ---------------------------------------------
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (
+            lambda A: rsketch.range_finder(A, 5, block_size="x", seed=0),
+            TypeError,
+            "block_size must be an integer",
+        ),
+        (lambda A: rsketch.range_finder(A, 5, block_size=0, seed=0), ValueError, "block_size must be >= 1"),
+        (
+            lambda A: rsketch.range_finder(A, 5, error_probes="no", seed=0),
+            TypeError,
+            "error_probes must be True or False",
+        ),
+        (lambda A: rsketch.svd(A, 5, flip_sign="no", seed=0), TypeError, "flip_sign must be True or False"),
+        (
+            lambda A: rsketch.svd(A, 5, error_probes=None, seed=0),
+            TypeError,
+            "error_probes must be True or False",
+        ),
+        (
+            lambda A: rsketch.eigh(A.T @ A, 3, error_probes="yes", seed=0),
+            TypeError,
+            "error_probes must be True or False",
+        ),
+    ],
+)
+def test_flags_and_block_size_are_checked_without_tol(call, exc, match):
+    # block_size was checked only with tol (where the adaptive finder uses it), and a string flag
+    # counted as True ("no" gave an error estimate)
+    A = np.random.default_rng(0).standard_normal((100, 30))
+    with pytest.raises(exc, match=match):
+        call(A)
+
+
+def test_flags_take_bools_and_zero_or_one():
+    A = np.random.default_rng(0).standard_normal((100, 30))
+    assert rsketch.range_finder(A, 5, error_probes=0, seed=0).error_estimate is None
+    assert rsketch.svd(A, 5, error_probes=np.True_, flip_sign=1, seed=0).error_estimate > 0

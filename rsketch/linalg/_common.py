@@ -204,7 +204,8 @@ def column_norms(A) -> np.ndarray:
     """
     if is_non_numpy_array(A):
         xp = array_namespace(A)
-        norms = np.sqrt(to_host(xp.sum(A * A, axis=0)))
+        with np.errstate(over="ignore", under="ignore"):  # the squares' range is handled below
+            norms = np.sqrt(to_host(xp.sum(A * A, axis=0)))
         if not _suspect(norms).any():
             return norms
         A = to_host(A)  # the rare overflow or underflow (or a zero column): on the host

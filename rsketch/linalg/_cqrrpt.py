@@ -151,6 +151,10 @@ def _sketch_rows(A, sketch, sketch_size):
     """The sketch's row count ``d``, validated: ``sketch_size``, else the operator's, else ``min(m, 2 n)``."""
     m, n = A.shape
     if isinstance(sketch, SketchOperator) and sketch_size is None:
+        if sketch.shape[0] < n:  # its rows, not a sketch_size the caller never gave
+            raise ValueError(
+                f"sketch must have at least n = {n} rows (S A must keep A's rank), got {sketch.shape}"
+            )
         sketch_size = sketch.shape[0]
     d = sketch_size if sketch_size is not None else min(m, 2 * n)
     d = check_int(d, "sketch_size", minimum=n)

@@ -1457,6 +1457,13 @@ def nystrom(A, rank, *, sketch="gaussian", oversample=10, seed=None):
     oversample = check_int(oversample, "oversample", minimum=0)
     check_seed(seed)
     width = min(rank + oversample, n)
+    # the dense test block, Omega, Y and B (then U): checked here, where the error names the choices
+    # the caller made (the sketch's own check named "columns 0:n of a GaussianSketch")
+    check_allocation(
+        5 * n * width * np.dtype(dtype).itemsize,
+        f"nystrom's {n:,} x {width:,} blocks (the test matrix, its product with A and the factors)",
+        "use a smaller rank (or oversample)",
+    )
     S = _draw(sketch, n, width, seed_sequence(seed).spawn(1)[0], dtype)
     Omega = _orth(np.array(S.to_dense().T, dtype=dtype))
     Y = _matmat(A, Omega)

@@ -260,3 +260,16 @@ def test_sketched_factor_of_a_device_sketch_is_the_host_one(shape):
     np.testing.assert_allclose(ours.s, ref.s, rtol=1e-10)
     # the two QRs differ by rounding: the answers by about kappa u = 1e-6 (kappa = 1e10)
     np.testing.assert_allclose(ours.presolve, ref.presolve, rtol=1e-5, atol=1e-12)
+
+
+def test_svd_of_huge_strict_entries_warns_of_nothing():
+    # the error estimate's column norms squared 1e300 on the device with a NumPy overflow warning
+    # (the host path computes the same norms quietly); the norms are scaled into range either way
+    import warnings
+
+    A = np.random.default_rng(3).standard_normal((300, 40)) * 1e300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = rsketch.svd(on_device(A), 3, seed=0)
+    np.testing.assert_allclose(host(res.s), rsketch.svd(A, 3, seed=0).s, rtol=1e-10)
+    assert np.isfinite(res.error_estimate) and res.error_estimate > 0

@@ -298,3 +298,15 @@ def test_flags_take_bools_and_zero_or_one():
     A = np.random.default_rng(0).standard_normal((100, 30))
     assert rsketch.range_finder(A, 5, error_probes=0, seed=0).error_estimate is None
     assert rsketch.svd(A, 5, error_probes=np.True_, flip_sign=1, seed=0).error_estimate > 0
+
+
+def test_messages_name_what_the_caller_chose():
+    # nystrom's MemoryError had named "columns 0:n of a GaussianSketch", qr_pivoted's a sketch_size
+    # the caller never gave (for a sketch operator of too few rows)
+    n = 10**9
+    op = LinearOperator((n, n), matvec=lambda v: v, matmat=lambda V: V, dtype=np.float64)
+    with pytest.raises(MemoryError, match=r"nystrom's 1,000,000,000 x 15 blocks .* use a smaller rank"):
+        rsketch.nystrom(op, 5, seed=0)
+    X = np.random.default_rng(0).standard_normal((100, 20))
+    with pytest.raises(ValueError, match=r"sketch must have at least n = 20 rows .* got \(5, 100\)"):
+        rsketch.qr_pivoted(X, sketch=rsketch.make_sketch("gaussian", 100, 5, seed=0))

@@ -148,6 +148,13 @@ def _centred_sum_of_squares(X, mean, A, c, xp) -> float:
     return float(xp.sum(A * A, dtype=xp.float64))
 
 
+def _is_float32(X) -> bool:
+    """Whether a validated ``X`` (NumPy, SciPy sparse, or another array-API library's) is float32."""
+    if sp.issparse(X) or isinstance(X, np.ndarray):
+        return X.dtype == np.float32
+    return X.dtype == array_api_compat.array_namespace(X).float32
+
+
 def _is_wide(n, p):
     return p >= NYSTROM_MIN_FEATURES or (p > n and p >= 200)
 
@@ -243,6 +250,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         """
         self._check_params()
         alpha = self._alpha()
+        self._coef_dtype = None  # float64 unless the validated X is float32 (_validate_fit_input)
         if is_dask_array(X) or is_dask_array(y):
             return self._fit_dask(X, y, sample_weight, alpha)
         X, y, w = self._validate_fit_input(X, y, sample_weight)
@@ -388,6 +396,9 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
             y_numeric=True,
             multi_output=True,
         )
+        # solved in float64 (the solvers' accuracy contract); float32 coefficients for float32 X, as
+        # scikit-learn's regressors give (coef_, intercept_ and predictions had come out float64)
+        self._coef_dtype = X.dtype if _is_float32(X) else None
         if sp.issparse(X):
             X, y = X.astype(np.float64, copy=False), np.asarray(y, dtype=np.float64)
         else:
@@ -398,13 +409,22 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         return X, y, w
 
     def _set_coefficients(self, coef, intercept):
+        dtype = getattr(self, "_coef_dtype", None)
+        if dtype is not None:  # float32 X: rounded once, from the float64 solution
+            xp = array_api_compat.array_namespace(coef)
+            coef = xp.astype(coef, dtype)
+            if is_non_numpy_array(intercept):
+                intercept = xp.astype(intercept, dtype)
         self.coef_ = coef.T if coef.ndim == 2 else coef
         if not self.fit_intercept:  # 0.0 for every target, as scikit-learn's (it was an array of zeros)
             self.intercept_ = 0.0
         elif is_non_numpy_array(intercept):
             self.intercept_ = intercept  # a 0-d or (n_targets,) array of the device, as scikit-learn's
         else:
-            self.intercept_ = np.float64(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept)
+            kind = np.float32 if dtype is not None else np.float64
+            self.intercept_ = (
+                kind(intercept) if np.ndim(intercept) == 0 else np.asarray(intercept, dtype=kind)
+            )
 
     def _weighted_means(self, X, y, w, xp):
         """``(x_mean, y_mean)`` on the host: the columns' means weighted by ``w`` where an intercept
@@ -536,8 +556,13 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         _check_fit_device(self, self.coef_, X, "predict")
         X = _validated(self, X, reset=False)
         xp = array_api_compat.array_namespace(X)
-        X = xp.astype(X, xp.float64) if X.dtype != xp.float64 else X
+        # NumPy's promotion, as predict on the host: float32 X and coef_ (a float32 fit) stay float32
+        dtype = (
+            xp.result_type(X.dtype, self.coef_.dtype) if xp.isdtype(X.dtype, "real floating") else xp.float64
+        )
+        X = xp.astype(X, dtype) if X.dtype != dtype else X
         coef = self.coef_ if self.coef_.ndim == 1 else xp.matrix_transpose(self.coef_)
+        coef = xp.astype(coef, dtype) if coef.dtype != dtype else coef
         return X @ coef + self.intercept_
 
     def _fit_dask(self, X, y, sample_weight, alpha):

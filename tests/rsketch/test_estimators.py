@@ -215,3 +215,29 @@ def test_feature_names_from_a_dataframe(Est):
     np.testing.assert_allclose(est.predict(X), plain)
     with pytest.raises(ValueError, match="feature names"):
         est.predict(X.rename(columns={"a": "z"}))
+
+
+# float32 X: coef_, intercept_ and predictions float32, as scikit-learn's Ridge and LinearRegression
+# give (they had come out float64); solved in float64, so the float32 coefficients are the float64
+# fit's rounded once
+@pytest.mark.parametrize("fmt", ["dense", "csr"])
+@pytest.mark.parametrize(
+    ("make", "shape", "solver"),
+    [
+        (lambda: SketchedLinearRegression(random_state=0), (300, 10), "direct"),
+        (lambda: SketchedLinearRegression(random_state=0), (4000, 10), "precondition"),
+        (lambda: SketchedRidge(alpha=1.0, random_state=0), (4000, 10), "precondition"),
+        (lambda: SketchedRidge(alpha=1.0, random_state=0), (200, 300), "kernel"),
+    ],
+)
+def test_float32_data_gets_float32_coefficients_and_predictions(fmt, make, shape, solver):
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal(shape).astype(np.float32)
+    y = (X[:, :3].sum(axis=1) + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+    Xf = sp.csr_matrix(X) if fmt == "csr" else X
+    est, est64 = make().fit(Xf, y), make().fit(Xf.astype(np.float64), y.astype(np.float64))
+    assert est.solver_ == est64.solver_ == solver
+    assert est.coef_.dtype == np.float32 and np.asarray(est.intercept_).dtype == np.float32
+    assert est.predict(Xf).dtype == np.float32
+    np.testing.assert_array_equal(est.coef_, est64.coef_.astype(np.float32))
+    assert est64.coef_.dtype == np.float64 and est64.predict(Xf.astype(np.float64)).dtype == np.float64

@@ -223,3 +223,18 @@ def test_penalty_dominated_ridge_on_the_device(alpha, scale):
     assert model.solver_ == "cholesky" and model.coef_.device == DEVICE
     np.testing.assert_allclose(host(model.coef_), ref.coef_, rtol=1e-12)
     np.testing.assert_allclose(host(model.intercept_), ref.intercept_, rtol=1e-12)
+
+
+@dispatch
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: repr(e))
+def test_float32_strict_arrays_get_float32_coefficients(estimator):
+    # as on the host (and as scikit-learn's regressors): solved in float64, rounded once to float32
+    X, y, w = data()
+    X, y = X.astype(np.float32), y.astype(np.float32)
+    ref = sklearn.base.clone(estimator).fit(X, y, sample_weight=w)
+    with sklearn.config_context(array_api_dispatch=True):
+        est = sklearn.base.clone(estimator).fit(on_device(X), on_device(y), sample_weight=on_device(w))
+        pred = est.predict(on_device(X[:50]))
+    assert est.coef_.dtype == on_device(X).dtype and pred.dtype == on_device(X).dtype
+    assert ref.coef_.dtype == np.float32 and ref.predict(X[:50]).dtype == np.float32
+    np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=1e-6, atol=1e-6 * np.abs(ref.coef_).max())

@@ -237,8 +237,9 @@ class SketchOperator:
         xo = array_namespace(out)
         if self._nonfinite_propagates and not bool(xo.all(xo.isfinite(out))):
             check_finite(A, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
-            if sp.issparse(A) or isinstance(A, np.ndarray):
-                out = with_columns_scaled(self._apply, A)  # the sums overflowed on the way
+            # the sums overflowed on the way: again on A's columns scaled by powers of two, for a
+            # device A too (its kernels sum unscaled as the CPU's do: 1e308 entries had given inf)
+            out = with_columns_scaled(self._apply, A)
         return out[:, 0] if is_vector else out
 
     def _apply(self, A):
@@ -352,8 +353,9 @@ class SketchOperator:
         if sp.issparse(Z):
             Z = Z.toarray()
         out = self._adjoint_apply(Z)
-        if isinstance(Z, np.ndarray) and not np.isfinite(out).all():
-            out = with_columns_scaled(self._adjoint_apply, Z)  # Z is finite (checked): a sum overflowed
+        xo = array_namespace(out)
+        if not bool(xo.all(xo.isfinite(out))):  # Z is finite (checked): a sum overflowed
+            out = with_columns_scaled(self._adjoint_apply, Z)
         return out[:, 0] if is_vector else out
 
     def _adjoint_apply(self, Z):

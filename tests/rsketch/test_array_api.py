@@ -273,3 +273,17 @@ def test_svd_of_huge_strict_entries_warns_of_nothing():
         res = rsketch.svd(on_device(A), 3, seed=0)
     np.testing.assert_allclose(host(res.s), rsketch.svd(A, 3, seed=0).s, rtol=1e-10)
     assert np.isfinite(res.error_estimate) and res.error_estimate > 0
+
+
+@pytest.mark.parametrize("kind", ["srht", "sparse_sign", "countsketch"])
+def test_device_sums_that_overflow_are_scaled_as_on_the_host(kind):
+    # a finite A of 1e308 entries whose sums overflow on the way (here they cancel exactly): the host
+    # applies the sketch again on A's columns scaled by powers of two; a device A had got inf back
+    S = rsketch.make_sketch(kind, 8, 1, seed=1)
+    signs = np.sign(S.to_dense()[0])
+    A = np.zeros((8, 1))
+    A[:4, 0] = signs[:4] * np.array([1e308, 1e308, -1e308, -1e308])
+    ref = S @ A
+    got = host(S @ on_device(A))
+    np.testing.assert_array_equal(ref, [[0.0]])
+    np.testing.assert_array_equal(got, ref)

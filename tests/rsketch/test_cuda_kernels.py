@@ -96,6 +96,31 @@ CSR_CASES = [
 ]
 CSR_SHAPE = (90, 5)
 
+# Finite operands whose unscaled sums overflow (1e308 entries): the products are finite on the CPU
+OVERFLOW_CASES = [
+    ("srht", lambda n: rsketch.SRHT(n, 8, seed=1), 256),
+    ("gaussian", lambda n: rsketch.GaussianSketch(n, 8, seed=1), 256),
+    ("srdct", lambda n: rsketch.SRDCT(n, 8, seed=1), 256),
+    ("sparse_sign", lambda n: rsketch.SparseSign(n, 4, seed=1, nnz_per_column=4), 64),
+]
+
+
+def overflow_operand(n):
+    """Two columns of two entries of +-1e308 (finite sketches, sums beyond the range on the way)."""
+    A = np.zeros((n, 2))
+    A[3], A[n - 2] = 1e308, 1e308
+    A[n - 2, 1] = -1e308
+    return A
+
+
+def _device_matmul(S, A, apply):
+    """``SketchOperator.__matmul__``'s rule for a finite device ``A``: a non-finite product is
+    computed again on ``A``'s columns scaled (the CPU's operands take it through ``S @ A``)."""
+    from rsketch._exact_scaling import with_columns_scaled
+
+    out = apply(S, A)
+    return out if np.isfinite(out).all() else with_columns_scaled(lambda B: apply(S, B), A)
+
 
 def csr_operand(dtype):
     """A 90 x 5 CSR matrix with empty rows and, in row 0, column 2 stored twice (not canonical)."""
@@ -223,6 +248,15 @@ def simulate(outdir: pathlib.Path) -> None:
     for name, make, dtype in CSR_CASES:
         A = check_device_csr(csr_operand(dtype), CSR_SHAPE[0])
         res[f"csr_{name}"] = apply_checked_sparse(make(CSR_SHAPE[0]), A, device_apply.sketch_apply_sparse)
+    # Finite operands whose unscaled sums overflow: scaled by powers of two and applied again, as on
+    # the CPU (the device paths had returned inf and NaN)
+    import scipy.sparse as sp
+
+    for name, make, n in OVERFLOW_CASES:
+        A = overflow_operand(n)
+        res[f"overflow_dense_{name}"] = _device_matmul(make(n), A, device_apply.sketch_apply)
+        B = check_device_csr(sp.csr_matrix(A), n)
+        res[f"overflow_csr_{name}"] = apply_checked_sparse(make(n), B, device_apply.sketch_apply_sparse)
     # Several passes over the rows (sparse) and several column groups (SRHT): the same bits.
     ck._SPARSE_PASS_NONZEROS = 40
     res["apply_sparse_passes"] = device_apply.sketch_apply(
@@ -359,6 +393,17 @@ def test_sparse_products_are_bitwise_over_passes_and_groups(sim):
     np.testing.assert_array_equal(
         sim["apply_srht_groups"], rsketch.SRHT(100, 9, seed=3) @ operand(100, 5, "float64", "C")
     )
+
+
+@pytest.mark.parametrize("case", OVERFLOW_CASES, ids=lambda c: c[0])
+def test_device_products_whose_sums_overflow_are_finite_as_on_the_cpu(sim, case):
+    name, make, n = case
+    ref = make(n) @ overflow_operand(n)
+    assert np.isfinite(ref).all()
+    for path in ("dense", "csr"):
+        got = sim[f"overflow_{path}_{name}"]
+        assert np.isfinite(got).all()
+        assert np.abs(got - ref).max() <= 1e-12 * np.abs(ref).max()
 
 
 @pytest.mark.parametrize("case", CSR_CASES, ids=lambda c: c[0])

@@ -143,4 +143,25 @@ def apply_checked_sparse(S, A, apply):
     out = apply(S, A)
     if S._nonfinite_propagates and not bool((abs(out) < float("inf")).all()):
         check_finite(A.data, "A")  # raises if A held NaN/inf; otherwise the sum overflowed (IEEE inf)
+        out = _with_csr_columns_scaled(S, A, apply)
     return out
+
+
+def _with_csr_columns_scaled(S, A, apply):
+    """``apply(S, A)`` on a CSR ``A`` whose columns out of the safe range are scaled by powers of two,
+    then scaled back (exact), as the dense operands are (:func:`rsketch._exact_scaling.with_columns_scaled`):
+    the kernels sum unscaled values, so entries of ``1e308`` had given ``inf`` for a finite product."""
+    import numpy as np
+
+    from rsketch._backend import to_host
+    from rsketch._exact_scaling import safe_shift, shift_down
+
+    data, indices = to_host(A.data)[: A.nnz], to_host(A.indices)[: A.nnz]
+    largest = np.zeros(A.shape[1])
+    np.maximum.at(largest, indices, np.abs(data.astype(np.float64)))
+    shifts = np.array([safe_shift(float(a), data.dtype) for a in largest], dtype=np.int64)
+    if not shifts.any():
+        return apply(S, A)
+    scaled = A.copy()
+    scaled.data = shift_down(A.data[: A.nnz], shifts[indices])
+    return shift_down(apply(S, scaled), -shifts)

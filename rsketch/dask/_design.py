@@ -94,16 +94,23 @@ def _gram_part(Xb, V):
     return _finite(Xb, Xb.T @ T, np.einsum("ij,ij->j", T, T))
 
 
+# The Gram partials through cpu.gram_matrix, as the fused first pass of the other sketches: its sums
+# depend on the rows only, not on the BLAS threads a worker has (a distributed nanny gives one). A probe
+# saw the uniform and leverage sketches' lstsq differ in the last bits between a process cluster and
+# threads with BLAS here; not reproduced at 20,000 x 30 (2026-12-07), bitwise either way there.
 def _gram_matrix_part(Xb):
-    return _finite(Xb, Xb.T @ Xb)[0]
+    Xb = np.ascontiguousarray(Xb, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _finite(Xb, cpu.gram_matrix(Xb, cpu.n_chunks(Xb.shape[0])))[0]
 
 
 def _normal_part(Xb, Yb):
-    Xb = np.ascontiguousarray(Xb, dtype=np.float64)
+    Xb, Yb = np.ascontiguousarray(Xb, dtype=np.float64), np.ascontiguousarray(Yb, dtype=np.float64)
     # As _first_pass_part: a finite X near the range overflows here (X of 1e250 warned), and the solver
     # rescales it and computes the normal equations again, as in memory, where no such warning came
     with np.errstate(invalid="ignore", over="ignore"):
-        return _finite(Xb, Xb.T @ Xb, Xb.T @ Yb)
+        G, (XtY, _) = cpu.gram_matrix(Xb, cpu.n_chunks(Xb.shape[0]), Yb, np.zeros((Xb.shape[1], Yb.shape[1])))
+        return _finite(Xb, G, XtY)
 
 
 def _first_pass_part(Xb, Yb, S, a):

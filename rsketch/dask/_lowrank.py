@@ -59,6 +59,22 @@ def refuse_nonfinite(A, name="A"):
     raise ValueError(f"{name} (rows {a}:{a + A.chunks[0][i]}) contains NaN or infinite values")
 
 
+def times(A, M):
+    """``A @ M`` for a Dask ``A`` of one column chunk and an in-memory ``M``, chunk by chunk (lazy).
+
+    A chunk holding NaN or infinity gives NaN/inf rows without NumPy's "invalid value encountered in
+    matmul" (in the scheduler's threads, where the caller's ``errstate`` does not reach): :func:`orth`
+    then refuses them by name (:func:`refuse_nonfinite`), as the sketches' products do."""
+    return A.map_blocks(
+        _quiet_matmul, M, chunks=(A.chunks[0], (M.shape[1],)), dtype=np.result_type(A.dtype, M.dtype)
+    )
+
+
+def _quiet_matmul(block, M):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return block @ M
+
+
 def orth(Y, A):
     """Orthonormal basis of ``range(Y)`` for a tall Dask ``Y`` (products of ``A``), persisted:
     CholeskyQR2, else TSQR. Where the Gram overflows, ``Y`` is scaled by a power of two first (only
@@ -100,10 +116,10 @@ def basis(A, first, passes, method):
     ``S.T`` generated as a client ``n x l`` block), ``(l, m)`` for an even one (the lazy ``S @ A``).
     """
     if passes % 2:
-        Y = A @ np.asarray(first.to_dense().T, dtype=A.dtype)
+        Y = times(A, np.asarray(first.to_dense().T, dtype=A.dtype))
     else:
         Z = np.asarray((first @ A).compute()).T
-        Y = A @ np.linalg.qr(Z)[0].astype(A.dtype)
+        Y = times(A, np.linalg.qr(Z)[0].astype(A.dtype))
     rounds = (passes - 1) // 2
     if method == "block_krylov":  # the space cannot outgrow min(m, n), as in memory
         rounds = min(rounds, min(A.shape) // first.shape[0] - 1)
@@ -115,7 +131,7 @@ def basis(A, first, passes, method):
         Z = np.linalg.qr(P)[0].astype(A.dtype)
         # Persisted: one pass. Left lazy, block Krylov's CGS2 below read A again for each projection
         # onto an earlier block (svd(passes=7): 15 reads of A, 9 reported).
-        Y = (A @ Z).persist()
+        Y = times(A, Z).persist()
         if method == "subspace":
             blocks = [orth(Y, A)]
             continue

@@ -409,6 +409,9 @@ def test_lstsq_dask_bad_input():
     bad[517, 2] = np.inf
     with pytest.raises(ValueError, match="X contains NaN or infinite values"):
         rsketch.lstsq(da.from_array(bad, chunks=300), y)
+    for method in ("sketch_and_solve", "precondition", "ihs"):  # the leverage scores' pass had named A
+        with pytest.raises(ValueError, match="^X contains NaN or infinite values"):
+            rsketch.lstsq(da.from_array(bad, chunks=300), y, sketch="leverage", method=method, seed=0)
     ybad = y.copy()
     ybad[3] = np.nan
     with pytest.raises(ValueError, match="y contains NaN or infinite values"):

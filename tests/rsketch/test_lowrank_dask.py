@@ -4,6 +4,8 @@ The same seed draws the same sketch as in memory, and the passes are the same pr
 row chunks, so the results agree with the in-memory ones to rounding; ``svd_compressed`` is the peer.
 """
 
+import warnings
+
 import dask
 import dask.array as da
 import numpy as np
@@ -127,6 +129,21 @@ def test_nan_in_dask_input_is_named_by_its_rows(passes):
         pytest.raises(ValueError, match=r"A \(rows 40:60\) contains NaN"),
     ):
         rsketch.svd(da.from_array(C, chunks=(20, 30)), 5, passes=passes, method="subspace", seed=0)
+
+
+@pytest.mark.parametrize(("passes", "method"), [(1, "subspace"), (3, "subspace"), (3, "block_krylov")])
+def test_inf_in_dask_input_is_named_without_a_numpy_warning(passes, method):
+    # the first products (A @ S.T, A @ Z) ran in the scheduler's threads outside any errstate, and
+    # NumPy's "invalid value encountered in matmul" came before the error
+    C = np.random.default_rng(0).standard_normal((1000, 4))
+    C[555, 2] = np.inf
+    with (
+        warnings.catch_warnings(),
+        dask.config.set(scheduler="threads"),
+        pytest.raises(ValueError, match=r"A \(rows 300:600\) contains NaN or infinite values"),
+    ):
+        warnings.simplefilter("error")
+        rsketch.svd(da.from_array(C, chunks=(300, 4)), 2, passes=passes, method=method, seed=0)
 
 
 def test_qr_pivoted_on_dask_refuses_nan_the_sketch_did_not_read():

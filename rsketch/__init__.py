@@ -14,7 +14,6 @@ Examples
 """
 
 from rsketch.linalg import (
-    ConvergenceWarning,
     LstsqResult,
     eigh,
     interpolative,
@@ -45,6 +44,7 @@ __version__ = "0.1.0"
 # The scikit-learn estimators load on first use: importing scikit-learn costs more than the rest of
 # rsketch together, and operators and lstsq do not need it.
 _LAZY = {
+    "ConvergenceWarning": "rsketch.linalg",  # a subclass of scikit-learn's, made on first use
     "SketchedLinearRegression": "rsketch.estimators",
     "SketchedPCA": "rsketch.estimators",
     "SketchedRidge": "rsketch.estimators",

@@ -19,7 +19,7 @@ from rsketch.linalg._lowrank import (
 )
 from rsketch.linalg._lstsq import lstsq
 from rsketch.linalg._nystrom_pcg import NystromPCGResult, nystrom_pcg, nystrom_preconditioner
-from rsketch.linalg._results import ConvergenceWarning, LstsqResult, SolverLog
+from rsketch.linalg._results import LstsqResult, SolverLog
 
 __all__ = [
     "ConvergenceWarning",
@@ -45,3 +45,11 @@ __all__ = [
     "range_finder",
     "svd",
 ]
+
+
+def __getattr__(name):
+    if name == "ConvergenceWarning":  # made on first use: it imports scikit-learn (_results)
+        from rsketch.linalg import _results
+
+        return _results.ConvergenceWarning
+    raise AttributeError(f"module 'rsketch.linalg' has no attribute {name!r}")

@@ -22,6 +22,7 @@ import scipy.sparse.linalg
 from scipy.sparse.linalg import LinearOperator
 
 import rsketch.linalg._lowrank_array as array_lowrank
+import rsketch.linalg._results as _results
 from rsketch._backend import is_non_numpy_array, like, to_host
 from rsketch._exact_scaling import max_abs, safe_shift, unit_exponent
 from rsketch._validation import (
@@ -38,7 +39,6 @@ from rsketch.dask import _lowrank as dask_lowrank
 from rsketch.dask._sketch import is_dask_array
 from rsketch.kernels import cpu
 from rsketch.linalg._common import column_norms, frobenius_norm
-from rsketch.linalg._results import ConvergenceWarning
 from rsketch.linalg._scatter_plan import planned_product, with_scatter_plan
 from rsketch.operators import SKETCH_KINDS, SketchOperator, make_sketch
 
@@ -908,7 +908,7 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
         warnings.warn(
             f"the adaptive range finder stopped at rank={max_rank} columns: raise rank (error estimate "
             f"{est:.3g}, tol={tol:g})",
-            ConvergenceWarning,
+            _results.ConvergenceWarning,
             stacklevel=4,  # the caller of range_finder or svd
         )
     return RangeFinderResult(Q, est, used, "adaptive")

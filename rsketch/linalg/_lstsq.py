@@ -10,6 +10,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+import rsketch.linalg._results as _results
 from rsketch._backend import is_non_numpy_array, like, to_host
 from rsketch._validation import (
     LSTSQ_INNER_SOLVERS,
@@ -42,7 +43,7 @@ from rsketch.linalg._precondition import (
     sketched_factor,
     warn_not_converged,
 )
-from rsketch.linalg._results import ConvergenceWarning, LstsqResult, SolverLog
+from rsketch.linalg._results import LstsqResult, SolverLog
 from rsketch.linalg._scaling import scale_columns, scale_design, sketch_design, unscale
 
 # precondition: the stable level, a backward error of 10 u relative to ||X||_F (u = eps / 2).
@@ -298,7 +299,7 @@ def _sketched_solve(X, Y, S, method, *, p, r, tol, max_iter, inner_solver, log):
             warnings.warn(
                 f"sketch_and_solve: the sketch (sketch_size={r}) maps a direction of range(X) to zero, so "
                 "its solution is not X's (converged=False); use a larger sketch_size or another sketch",
-                ConvergenceWarning,
+                _results.ConvergenceWarning,
                 stacklevel=3,
             )
     else:

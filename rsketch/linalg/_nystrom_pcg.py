@@ -24,6 +24,7 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
+import rsketch.linalg._results as _results
 from rsketch._backend import is_non_numpy_array
 from rsketch._exact_scaling import max_abs, shift_down, unit_exponent, unit_exponents
 from rsketch._validation import (
@@ -45,7 +46,6 @@ from rsketch.linalg._lowrank import (
     check_test_matrix_kind,
     nystrom,
 )
-from rsketch.linalg._results import ConvergenceWarning
 from rsketch.linalg._scaling import unscale
 from rsketch.operators import SketchOperator, make_sketch
 
@@ -293,7 +293,7 @@ def nystrom_pcg(
         warnings.warn(
             f"nystrom_pcg {stopped}, with the residual of x at {true.max():.3g} of ||b||, above tol={tol:g} "
             f"and the rounding floor of {A.dtype} ({floor.max():.3g})",
-            ConvergenceWarning,
+            _results.ConvergenceWarning,
             stacklevel=2,
         )
     x = X[:, 0] if b_is_vector else X

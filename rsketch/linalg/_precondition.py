@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
+import rsketch.linalg._results as _results
 from rsketch._backend import array_namespace, is_non_numpy_array, to_host
 from rsketch.linalg._common import column_norms
-from rsketch.linalg._results import ConvergenceWarning
 
 _EPS = np.finfo(np.float64).eps
 # The unit roundoff of float64.
@@ -520,6 +520,6 @@ def warn_not_converged(method, iterations, measure, tol, what="error measure"):
         f"tol={tol:.3g}; the result has converged=False. Raise max_iter or sketch_size, or loosen tol; "
         "a backward error that will not fall means X is too ill-conditioned for float64 (cond(X) near "
         "1/eps).",
-        ConvergenceWarning,
+        _results.ConvergenceWarning,
         stacklevel=3,
     )

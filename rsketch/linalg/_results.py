@@ -2,25 +2,42 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
-import sklearn.exceptions
 
 
-class ConvergenceWarning(sklearn.exceptions.ConvergenceWarning):
-    """An iterative method stopped before meeting its ``tol``: a solver at ``max_iter``
-    (``converged=False``), or the adaptive range finder at its largest basis (``rank`` columns).
+def __getattr__(name):
+    # ConvergenceWarning subclasses scikit-learn's, and importing scikit-learn takes a second and sets
+    # the environment variables KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK: it is made when first asked
+    # for (a solver's warning, an estimator, or a caller's reference), so that `import rsketch` alone
+    # changes nothing (docs/operators.md, "Threads")
+    if name == "ConvergenceWarning":
+        return _convergence_warning()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    A subclass of scikit-learn's (itself a ``UserWarning``), so that its filters,
-    ``ignore_warnings(category=...)`` and ``pytest.warns`` with scikit-learn's class catch it too.
 
-    Examples
-    --------
-    >>> import warnings, rsketch, sklearn.exceptions
-    >>> issubclass(rsketch.ConvergenceWarning, sklearn.exceptions.ConvergenceWarning)
-    True
-    """
+@functools.cache
+def _convergence_warning() -> type:
+    import sklearn.exceptions
+
+    class ConvergenceWarning(sklearn.exceptions.ConvergenceWarning):
+        """An iterative method stopped before meeting its ``tol``: a solver at ``max_iter``
+        (``converged=False``), or the adaptive range finder at its largest basis (``rank`` columns).
+
+        A subclass of scikit-learn's (itself a ``UserWarning``), so that its filters,
+        ``ignore_warnings(category=...)`` and ``pytest.warns`` with scikit-learn's class catch it too.
+
+        Examples
+        --------
+        >>> import warnings, rsketch, sklearn.exceptions
+        >>> issubclass(rsketch.ConvergenceWarning, sklearn.exceptions.ConvergenceWarning)
+        True
+        """
+
+    ConvergenceWarning.__module__, ConvergenceWarning.__qualname__ = "rsketch", "ConvergenceWarning"
+    return ConvergenceWarning
 
 
 @dataclass

@@ -9,6 +9,8 @@ Imports inside functions count too: hiding one there hides a cycle, it does not 
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import rsketch
 
@@ -88,3 +90,20 @@ def test_no_import_cycle():
     for mod in GRAPH:
         if mod not in state:
             visit(mod, [mod])
+
+
+def test_import_rsketch_alone_changes_nothing():
+    # ConvergenceWarning subclassed scikit-learn's at import: `import rsketch` imported scikit-learn
+    # (a second) and so set KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK in the environment; the class
+    # is made on first use now, and is the one the solvers warn with
+    code = (
+        "import os, sys; before = dict(os.environ); import rsketch; "
+        "assert 'sklearn' not in sys.modules, 'sklearn imported'; "
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items()); "
+        "import sklearn.exceptions, rsketch.linalg._results as r; W = rsketch.ConvergenceWarning; "
+        "assert issubclass(W, sklearn.exceptions.ConvergenceWarning); "
+        "assert W is rsketch.linalg.ConvergenceWarning is r.ConvergenceWarning; "
+        "print('ok')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

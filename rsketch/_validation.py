@@ -280,6 +280,13 @@ def check_operand(
         if A.shape[1] == 0 or A.shape[0] == 0:
             raise ValueError(f"{name} is empty (shape {A.shape}); expected at least one row and column")
         check_sparse_structure(A, name)
+        if A.format != "csr":  # the kernels take CSR: its row pointers are O(rows) whatever the nonzeros
+            check_allocation(
+                8 * (A.shape[0] + 1) + A.nnz * (8 + A.dtype.itemsize),
+                f"{name} ({A.format.upper()}, {A.shape[0]:,} x {A.shape[1]:,}) as CSR, with its row "
+                "pointers",
+                f"pass {name} with fewer rows",
+            )
         # cast before a conversion sums duplicate entries: in int8 they wrapped (100 + 100 = -56) and
         # in bool they OR'd, so a COO matrix gave another S @ A than the same matrix as CSR
         A = A.astype(dt, copy=False)

@@ -99,3 +99,18 @@ def test_block_sparse_indices_count_blocks():
     A.indices[0] = 2
     with pytest.raises(ValueError, match=r"A has column index 2 \(stored entry 0\) outside \[0, 2\)"):
         check_sparse_structure(A)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csc"])
+@pytest.mark.parametrize("kind", ["countsketch", "gaussian", "uniform"])
+def test_a_sparse_operand_of_absurdly_many_rows_is_refused_before_its_csr_copy(fmt, kind):
+    # four nonzeros, 2**36 rows: the kernels' CSR form needs 512 GiB of row pointers, which SciPy's
+    # conversion had gone on to allocate (a process with 16 GiB of them was killed for memory)
+    n = 2**36
+    rows = np.array([0, 5, n - 3, n - 1])
+    A = sp.coo_matrix((np.ones(4), (rows, np.zeros(4, dtype=np.int64))), shape=(n, 1))
+    A = A.tocsc() if fmt == "csc" else A
+    with pytest.raises(
+        MemoryError, match=rf"A \({fmt.upper()}, 68,719,476,736 x 1\) as CSR, with its row pointers"
+    ):
+        rsketch.make_sketch(kind, n, 16, seed=1) @ A

@@ -283,8 +283,7 @@ def check_operand(
         if A.format != "csr":  # the kernels take CSR: its row pointers are O(rows) whatever the nonzeros
             check_allocation(
                 8 * (A.shape[0] + 1) + A.nnz * (8 + A.dtype.itemsize),
-                f"{name} ({A.format.upper()}, {A.shape[0]:,} x {A.shape[1]:,}) as CSR, with its row "
-                "pointers",
+                f"{name} ({A.format.upper()}, {A.shape[0]:,} x {A.shape[1]:,}) as CSR, with its row pointers",
                 f"pass {name} with fewer rows",
             )
         # cast before a conversion sums duplicate entries: in int8 they wrapped (100 + 100 = -56) and

@@ -38,10 +38,13 @@ from rsketch._exact_scaling import max_abs, shift_down, unit_exponents
 from rsketch._validation import (
     EFFICIENCY_METHODS,
     check_allocation,
+    check_bool,
+    check_finite,
     check_int,
     check_option,
     check_real_vector,
     check_sketch_kind,
+    check_sparse_structure,
     seed_sequence,
 )
 from rsketch.linalg._array_design import checked_float64
@@ -228,12 +231,11 @@ def _check_design(X) -> np.ndarray:
                 f"X must have more rows than columns and at least one column, got shape {X.shape}"
             )
         return checked_float64(X, "X")
-    if sp.issparse(X):
-        X = X.toarray()
-    try:
-        X = np.asarray(X)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"X must be a 2-D array of real numbers: {exc}") from exc
+    if not sp.issparse(X):
+        try:
+            X = np.asarray(X)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"X must be a 2-D array of real numbers: {exc}") from exc
     if X.dtype.kind not in "iuf":
         raise TypeError(f"X must hold real numbers, got dtype {X.dtype}")
     if X.ndim != 2:
@@ -241,9 +243,14 @@ def _check_design(X) -> np.ndarray:
     n, p = X.shape
     if p < 1 or n <= p:
         raise ValueError(f"X must have more rows than columns and at least one column, got shape {X.shape}")
-    X = X.astype(np.float64)
-    if not np.isfinite(X).all():
-        raise ValueError("X contains NaN or infinite values")
+    if sp.issparse(X):  # dense from here (the shape checked first: a wide sparse X had been densified)
+        check_allocation(
+            8 * n * p, f"efficiency's dense copy of the sparse X ({n:,} x {p:,})", "use a smaller X"
+        )
+        check_sparse_structure(X, "X")
+        X = X.toarray()
+    X = X.astype(np.float64, copy=False)
+    check_finite(X, "X")  # no n x p mask (np.isfinite's had been a third copy)
     return X
 
 
@@ -552,14 +559,15 @@ def efficiency(
     Parameters
     ----------
     X : array of shape (n, p)
-        The design, of full column rank with ``n > p`` (sparse input is densified: the SVD needs it).
+        The design, of full column rank with ``n > p`` (sparse input is densified, after its shape
+        and the copy's memory are checked: the SVD needs it).
         The measures depend on ``range(X)`` only, and so does the rank check: the columns are scaled by
         powers of two (exactly) to a largest entry near 1 first, so ``X * logspace(-150, 150, p)`` gives
         the measures of ``X``.
         A CuPy array (or one of another array-API library) stays on its device: its SVD and both
         products of every draw run there, the ``r x p`` SVDs on the host (``docs/gpu.md``); then ``y``
         must be on the same device and ``executor`` None (``"simulate"`` draws its noise on the host).
-    sketch : {"gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"}
+    sketch : {"gaussian", "srht", "srdct", "countsketch", "sparse_sign", "leverage", "uniform"}
         The sketch family; a fresh sketch is drawn for every draw. Draw ``i`` is the operator seeded with
         ``numpy.random.SeedSequence(seed).spawn(n_sketches)[i]``.
     sketch_size : int
@@ -592,8 +600,8 @@ def efficiency(
         A ``Client`` receives ``X``'s basis once (``scatter``); another executor pickles it with
         each block. A draw lost with its worker is recomputed by Dask; an error in a draw is raised.
     **sketch_options
-        Passed to :func:`rsketch.make_sketch` (``transform``, ``nnz_per_column``, ``replace``,
-        ``uniform_mix``, ``scores``, ...). For ``"leverage"`` without ``scores`` the exact leverage scores of
+        Passed to :func:`rsketch.make_sketch` (``nnz_per_column``, ``replace``, ``uniform_mix``,
+        ``scores``, ...). For ``"leverage"`` without ``scores`` the exact leverage scores of
         ``X`` are computed once and reused by every draw.
 
     Returns
@@ -639,6 +647,7 @@ def efficiency(
         )
     sigma = _check_positive(sigma, "sigma")
     n_noise = check_int(n_noise, "n_noise", minimum=2)
+    progress = check_bool(progress, "progress")  # a string "no" had shown the bar
     beta = np.zeros(p) if beta is None else check_real_vector(beta, p, "beta")
     if method == "simulate":
         _check_noise_scale(X, beta, sigma, n_noise)

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import rsketch
 from rsketch.stats._bounds import PAPER, PAPER_SHAPE
@@ -209,3 +210,20 @@ def test_qr_pivoted_rank_matches_its_own_householder_path():
     B = _two_level(small=1e-11)
     for size in (None, 60, 200):
         assert rsketch.qr_pivoted(B, sketch_size=size, seed=0).rank == 30 == np.linalg.matrix_rank(B)
+
+
+def test_efficiency_checks_a_sparse_x_before_densifying_it_and_its_progress_flag():
+    # a wide sparse X had been densified before being refused as wide, a tall one before its memory
+    # was checked (NumPy's bare "Unable to allocate 37.3 GiB"); progress="no" had shown the bar
+    tall = sp.csr_matrix((np.ones(50), (np.arange(50) * 1000, np.arange(50))), shape=(10**8, 50))
+    with pytest.raises(MemoryError, match=r"efficiency's dense copy of the sparse X \(100,000,000 x 50\)"):
+        rsketch.efficiency(tall, sketch="countsketch", sketch_size=100, n_sketches=2, seed=0)
+    wide = sp.random(50, 10**6, density=1e-5, format="csr", random_state=0)
+    with pytest.raises(ValueError, match=r"X must have more rows than columns .* got shape \(50, 1000000\)"):
+        rsketch.efficiency(wide, sketch="countsketch", sketch_size=100, n_sketches=2, seed=0)
+    X = np.random.default_rng(0).standard_normal((500, 5))
+    with pytest.raises(TypeError, match="progress must be True or False"):
+        rsketch.efficiency(X, sketch="countsketch", sketch_size=100, n_sketches=2, seed=0, progress="no")
+    dense = rsketch.efficiency(X, sketch="countsketch", sketch_size=100, n_sketches=2, seed=0)
+    sparse = rsketch.efficiency(sp.csr_matrix(X), sketch="countsketch", sketch_size=100, n_sketches=2, seed=0)
+    assert sparse.pe == dense.pe and sparse.re == dense.re

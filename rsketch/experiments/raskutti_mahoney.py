@@ -364,6 +364,16 @@ def main(argv=None) -> int:
     parser.add_argument("--n-sketches", type=int, default=None, help="sketches per point")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
+    # checked before the study runs (minutes at the default sizes): a --out that is a file had failed
+    # after it, a negative --seed in NumPy's words
+    if args.n_sketches is not None and args.n_sketches < 1:
+        parser.error(f"--n-sketches must be >= 1, got {args.n_sketches}")
+    if args.seed is not None and args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--out {args.out}: {exc.strerror or exc}")
     config = QUICK if args.quick else StudyConfig()
     if args.n_sketches is not None or args.seed is not None:
         config = StudyConfig(
@@ -376,7 +386,6 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     rows = run_study(config)
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
     write_csv(rows, out / f"raskutti_mahoney{suffix}.csv")
     written = [out / f"raskutti_mahoney{suffix}.csv"]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import numpy as np
+import pytest
 
 from rsketch.experiments import raskutti_mahoney as rm
 
@@ -33,3 +35,22 @@ def test_demo_table_lists_four_families_with_bounds():
     for family in ("gaussian", "srht", "uniform", "leverage"):
         assert f"\n{family}" in text
     assert "C_PE" in text and "bound" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--n-sketches", "0"], "--n-sketches must be >= 1, got 0"),
+        (["--out", "FILE"], "--out .*: File exists"),
+    ],
+)
+def test_the_study_cli_checks_its_arguments_before_it_runs(tmp_path, capsys, monkeypatch, args, message):
+    # a --out that is a file had failed after the whole study ran, a negative --seed in NumPy's words
+    monkeypatch.setattr(rm, "run_study", lambda config: pytest.fail("the study ran"))
+    (tmp_path / "file").touch()
+    args = [str(tmp_path / "file") if a == "FILE" else a for a in args]
+    with pytest.raises(SystemExit) as exc:
+        rm.main(["--quick", *args])
+    assert exc.value.code == 2
+    assert re.search(message, capsys.readouterr().err)

@@ -208,9 +208,10 @@ class SketchOperator:
         True
         """
         A = _left_operand(A, self.sketch_size, "A @ S", "the sketch's sketch_size")
-        return _transposed(self._adjoint(_transposed(A)))
+        return _transposed(self._adjoint(_transposed(A), name="A"))  # errors name the caller's A
 
     def __matmul__(self, A):
+        _not_an_operator(A)
         if array_api_compat.is_dask_array(A):  # lazy, chunk by chunk at each chunk's row offset
             from rsketch.dask._sketch import sketch_dask
 
@@ -341,8 +342,9 @@ class SketchOperator:
         """The adjoint ``S.T`` (shape ``(input_dim, sketch_size)``), applied without forming ``S``."""
         return AdjointSketch(self)
 
-    def _adjoint(self, Z):
-        Z, is_vector = check_operand(Z, self.sketch_size, "Z", rows_label="the sketch's sketch_size")
+    def _adjoint(self, Z, name="Z"):
+        _not_an_operator(Z)
+        Z, is_vector = check_operand(Z, self.sketch_size, name, rows_label="the sketch's sketch_size")
         k, itemsize = Z.shape[1], _itemsize(Z.dtype)
         check_allocation(
             self._adjoint_bytes(k, itemsize) + (itemsize * self.sketch_size * k if sp.issparse(Z) else 0),
@@ -444,6 +446,7 @@ def _left_operand(A, columns: int, what: str, label: str):
     """The left operand of ``what`` (``A @ S`` or ``A @ S.T``), a 1-D or 2-D array with ``columns``
     columns: a list becomes a NumPy array (the product checks its values once transposed); a wrong
     shape is named as the caller wrote it, not as the transposed operand the product receives."""
+    _not_an_operator(A)
     if not hasattr(A, "shape"):
         A = np.asarray(A)
     shape = tuple(A.shape)
@@ -452,6 +455,16 @@ def _left_operand(A, columns: int, what: str, label: str):
     if shape[-1] != columns:
         raise ValueError(f"{what} needs A with {columns} columns ({label}), got shape {shape}")
     return A
+
+
+def _not_an_operator(A) -> None:
+    """``TypeError`` for a sketch operator as the operand of another (``S @ S``): the products are not
+    formed (it had read as "A must be a numeric (real) array; got dtype object")."""
+    if isinstance(A, (SketchOperator, AdjointSketch)):
+        raise TypeError(
+            f"sketch operators do not compose: the operand is a sketch ({type(A).__name__}); apply them "
+            "in turn (S1 @ (S2 @ A)), or use the dense form (S2.to_dense())"
+        )
 
 
 def _transposed(A):

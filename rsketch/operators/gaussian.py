@@ -65,14 +65,18 @@ class GaussianSketch(SketchOperator):
         >>> np.array_equal(S.fill_transposed(np.empty((50, 5))).T, S.to_dense())
         True
         """
+        if type(out) is not np.ndarray:  # a list had met an AttributeError
+            raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
         if (
             out.shape != (self.input_dim, self.sketch_size)
             or out.dtype != np.float64
             or not out.flags.c_contiguous
+            or not out.flags.writeable  # a read-only one had met numba's typing error
         ):
             raise ValueError(
-                f"out must be a C-contiguous float64 array of shape {(self.input_dim, self.sketch_size)}, "
-                f"got {out.dtype} {out.shape}"
+                f"out must be a writeable C-contiguous float64 array of shape "
+                f"{(self.input_dim, self.sketch_size)}, got a{'' if out.flags.writeable else ' read-only'} "
+                f"{out.dtype} array of shape {out.shape}"
             )
         cpu.gaussian_columns(
             self.key[0], self.key[1], 0, self.input_dim, self.sketch_size, STREAM_GAUSS, out, ZIG_X

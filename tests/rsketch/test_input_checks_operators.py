@@ -461,3 +461,36 @@ def test_the_finiteness_check_allocates_nothing_of_the_data_s_size():
     check_finite(np.float32([3e38, 3e38]))
     with pytest.raises(ValueError, match="NaN"):
         S @ np.where(A > 3, np.nan, A)
+
+
+def test_a_left_operand_is_named_as_the_caller_wrote_it():
+    # A @ S checks A.T as S.T's operand: its NaN and dtype errors had named it Z
+    S = rsketch.make_sketch("gaussian", 5, 3, seed=0)
+    with pytest.raises(ValueError, match="^A contains NaN or infinite values"):
+        np.array([[np.nan, 1, 1]]) @ S
+    with pytest.raises(TypeError, match="^A must be real-valued"):
+        np.ones((1, 3), complex) @ S
+    with pytest.raises(ValueError, match="^Z contains NaN"):  # S.T @ Z names Z, as the caller wrote it
+        S.T @ np.array([np.nan, 1.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    "product",
+    [lambda S: S @ S, lambda S: S.T @ S.T, lambda S: S @ S.T, lambda S: S.T @ S],
+    ids=["SS", "TT", "ST", "TS"],
+)
+def test_operators_do_not_compose(product):
+    # it had read as "A must be a numeric (real) array; got dtype object"
+    S = rsketch.make_sketch("sparse_sign", 5, 5, seed=0)  # square: every product is shape-compatible
+    with pytest.raises(TypeError, match="sketch operators do not compose"):
+        product(S)
+
+
+def test_fill_transposed_checks_its_out():
+    S = rsketch.GaussianSketch(50, 5, seed=0)
+    out = np.empty((50, 5))
+    out.flags.writeable = False  # numba's typing error had come instead
+    with pytest.raises(ValueError, match="writeable C-contiguous float64 .* got a read-only float64 array"):
+        S.fill_transposed(out)
+    with pytest.raises(TypeError, match="out must be a NumPy array, got list"):
+        S.fill_transposed([[0.0] * 5] * 50)

@@ -1,4 +1,4 @@
-"""``python -m rsketch.demo``: the six sketch operators on a 200,000 x 50 Gaussian design.
+"""``python -m rsketch.demo``: every sketch operator (SRHT and SRDCT both) on a 200,000 x 50 Gaussian design.
 
 For each operator at r = 2,000 it prints the time to sketch ``[X, y]``, the subspace-embedding
 distortion ``max_i |sigma_i(S U) - 1|`` of the column space of X (U from a QR of X), and the
@@ -33,7 +33,7 @@ def operator_table(n: int = 200_000, p: int = 50, r: int = 2_000, seed: int = 0)
         f"Sketch-and-solve on a {n:,} x {p} Gaussian design, r = {r:,} (seed {seed})",
         f"{'operator':<14}{'sketch time (s)':>16}{'distortion':>12}{'residual / OLS':>16}",
     ]
-    for kind in ("gaussian", "srht", "countsketch", "sparse_sign", "leverage", "uniform"):
+    for kind in ("gaussian", "srht", "srdct", "countsketch", "sparse_sign", "leverage", "uniform"):
         S = rsketch.make_sketch(kind, n, r, seed=seed, A=X if kind == "leverage" else None)
         t0 = time.perf_counter()
         SXy = S @ Xy

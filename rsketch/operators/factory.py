@@ -54,8 +54,9 @@ def sketch_options(kind) -> tuple[str, ...]:
     return tuple(sorted(allowed))
 
 
-def check_sketch_options(kind, options, where: str = "make_sketch") -> None:
-    """Raise ``TypeError`` naming the unknown ones when ``options`` are not all options of ``kind``.
+def check_sketch_options(kind, options, where: str = "make_sketch", taken=()) -> None:
+    """Raise ``TypeError`` naming the unknown ones when ``options`` are not all options of ``kind``;
+    ``taken``: options the caller's own arguments of the same names take (not offered as allowed).
 
     Examples
     --------
@@ -64,7 +65,7 @@ def check_sketch_options(kind, options, where: str = "make_sketch") -> None:
     ...
     TypeError: bounds: unknown option(s) ['uniform_mx'] for sketch kind 'leverage'; allowed: ['dtype', ...]
     """
-    allowed = sketch_options(kind)
+    allowed = [name for name in sketch_options(kind) if name not in taken]
     unknown = set(options) - set(allowed)
     if unknown:
         raise TypeError(

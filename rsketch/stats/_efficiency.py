@@ -840,7 +840,8 @@ def _check_simulated_draws(draws, sigma) -> None:
 def _check_arguments(sketch, sketch_size, n_sketches, method, n, sketch_options) -> int:
     """Check the family and its options, its size for ``n`` rows, the draw count, the method; return r."""
     check_sketch_kind(sketch, "sketch")
-    check_sketch_options(sketch, sketch_options, "efficiency")
+    # efficiency's own method (closed form or simulation) takes the name of leverage's scores method
+    check_sketch_options(sketch, sketch_options, "efficiency", taken=("method",))
     r = check_int(sketch_size, "sketch_size", minimum=1)
     n_sketches = check_int(n_sketches, "n_sketches", minimum=1)
     check_allocation(

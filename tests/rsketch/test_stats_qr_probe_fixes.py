@@ -227,3 +227,12 @@ def test_efficiency_checks_a_sparse_x_before_densifying_it_and_its_progress_flag
     dense = rsketch.efficiency(X, sketch="countsketch", sketch_size=100, n_sketches=2, seed=0)
     sparse = rsketch.efficiency(sp.csr_matrix(X), sketch="countsketch", sketch_size=100, n_sketches=2, seed=0)
     assert sparse.pe == dense.pe and sparse.re == dense.re
+
+
+def test_efficiency_offers_only_the_options_it_can_take():
+    # leverage's scores "method" was listed as allowed, but efficiency's own method takes the name
+    X = np.random.default_rng(0).standard_normal((500, 5))
+    with pytest.raises(
+        TypeError, match=r"unknown option\(s\) \['bogus'\] .* allowed: \['dtype', 'scores', 'uniform_mix'\]$"
+    ):
+        rsketch.efficiency(X, sketch="leverage", sketch_size=100, n_sketches=2, seed=0, bogus=1)

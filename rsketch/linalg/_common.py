@@ -137,10 +137,9 @@ def build_sketch(kind, n, r, seed, X, method="sketch_and_solve"):
         if is_dask_array(X):  # approximate scores, in two passes over the chunks
             try:
                 return leverage_sampling(X, r, seed=seed)
-            except ValueError as exc:  # its chunk checks name their operand A; here it is X
-                if "NaN or infinite" not in str(exc):
-                    raise
-                raise ValueError("X contains NaN or infinite values") from exc
+            except ValueError:  # its chunk checks name their operand A: as apply_sketch, X's own
+                check_finite(X, "X")
+                raise
         if is_non_numpy_array(X):  # exact scores from the SVD on X's device
             return LeverageSampling.from_scores(leverage_scores(X), r, seed=seed)
         return make_sketch(kind, n, r, seed=seed, A=X)

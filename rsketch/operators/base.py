@@ -446,7 +446,6 @@ def _left_operand(A, columns: int, what: str, label: str):
     """The left operand of ``what`` (``A @ S`` or ``A @ S.T``), a 1-D or 2-D array with ``columns``
     columns: a list becomes a NumPy array (the product checks its values once transposed); a wrong
     shape is named as the caller wrote it, not as the transposed operand the product receives."""
-    _not_an_operator(A)
     if not hasattr(A, "shape"):
         A = np.asarray(A)
     shape = tuple(A.shape)

@@ -3,6 +3,7 @@ low-rank approximation (:func:`range_finder`, :func:`svd`, :func:`eigh`, :func:`
 :func:`qr_pivoted`, :func:`interpolative`), and Nyström-preconditioned CG for regularised systems
 (:func:`nystrom_pcg`)."""
 
+import rsketch.linalg._results as _results
 from rsketch.linalg._backward_error import backward_error
 from rsketch.linalg._common import default_sketch_size
 from rsketch.linalg._cqrrpt import InterpolativeResult, QRPivotedResult, interpolative, qr_pivoted
@@ -49,7 +50,5 @@ __all__ = [
 
 def __getattr__(name):
     if name == "ConvergenceWarning":  # made on first use: it imports scikit-learn (_results)
-        from rsketch.linalg import _results
-
         return _results.ConvergenceWarning
     raise AttributeError(f"module 'rsketch.linalg' has no attribute {name!r}")

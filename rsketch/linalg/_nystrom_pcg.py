@@ -93,6 +93,17 @@ class NystromPCGResult:
     matvecs: int
 
 
+def _check_mu(mu) -> float:
+    """``mu`` as a float, finite and > 0 (the regularisation that makes ``A + mu I``, and ``P``,
+    definite); errors name it."""
+    mu = check_real(mu, "mu")
+    if not (math.isfinite(mu) and mu > 0):
+        raise ValueError(
+            f"mu must be a finite number > 0 (the regularisation makes A + mu I definite), got {mu}"
+        )
+    return mu
+
+
 def nystrom_preconditioner(approx: NystromResult, mu: float) -> LinearOperator:
     """``P^-1`` of Frangella, Tropp & Udell (2023) as a symmetric positive definite LinearOperator.
 
@@ -118,9 +129,7 @@ def nystrom_preconditioner(approx: NystromResult, mu: float) -> LinearOperator:
     """
     if not isinstance(approx, NystromResult):
         raise TypeError(f"approx must be a NystromResult (from nystrom), got {type(approx).__name__}")
-    mu = check_real(mu, "mu")  # a string had been taken; 0 gave a singular "preconditioner"
-    if not (math.isfinite(mu) and mu > 0):
-        raise ValueError(f"mu must be a finite number > 0 (P is then positive definite), got {mu}")
+    mu = _check_mu(mu)  # a string had been taken; 0 gave a singular "preconditioner"
     U, lam = approx.U, approx.eigenvalues
     scale = (lam[-1] + mu) / (lam + mu) - 1.0  # P^-1 = I + U diag(scale) U.T
 
@@ -207,11 +216,7 @@ def nystrom_pcg(
     if A.shape != (n, n):
         raise ValueError(f"A must be square, got shape {A.shape}")
     check_symmetric(A)
-    mu = check_real(mu, "mu")
-    if not (math.isfinite(mu) and mu > 0):
-        raise ValueError(
-            f"mu must be a finite number > 0 (the regularisation makes A + mu I definite), got {mu}"
-        )
+    mu = _check_mu(mu)
     if sp.issparse(b) or is_non_numpy_array(b):
         raise TypeError(f"b must be a dense NumPy array of shape ({n},) or ({n}, k), got {type(b).__name__}")
     # as every operand: complex a TypeError, bool and integers float64, float16 float32, longdouble

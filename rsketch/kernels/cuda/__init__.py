@@ -149,8 +149,9 @@ def apply_checked_sparse(S, A, apply):
 
 def _with_csr_columns_scaled(S, A, apply):
     """``apply(S, A)`` on a CSR ``A`` whose columns out of the safe range are scaled by powers of two,
-    then scaled back (exact), as the dense operands are (:func:`rsketch._exact_scaling.with_columns_scaled`):
-    the kernels sum unscaled values, so entries of ``1e308`` had given ``inf`` for a finite product."""
+    then scaled back (exact), as the dense operands are (:func:`rsketch._exact_scaling.with_columns_scaled`,
+    whose column maxima and scaling take SciPy's sparse formats, not cupyx's): the kernels sum
+    unscaled values, so entries of ``1e308`` had given ``inf`` for a finite product."""
     import numpy as np
 
     from rsketch._backend import to_host
@@ -158,7 +159,7 @@ def _with_csr_columns_scaled(S, A, apply):
 
     data, indices = to_host(A.data)[: A.nnz], to_host(A.indices)[: A.nnz]
     largest = np.zeros(A.shape[1])
-    np.maximum.at(largest, indices, np.abs(data.astype(np.float64)))
+    np.maximum.at(largest, indices, np.abs(data))
     shifts = np.array([safe_shift(float(a), data.dtype) for a in largest], dtype=np.int64)
     if not shifts.any():
         return apply(S, A)

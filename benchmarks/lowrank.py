@@ -1,6 +1,6 @@
 """Randomized low-rank approximation against scikit-learn, SciPy and LAPACK, in the same run (issue 21).
 
-Four cases, float64, 2 threads:
+Four cases with targets, float64, 2 threads:
 
 1. ``rsketch.svd`` (its defaults) of a 200,000 x 500 matrix ``U diag(s) V.T`` (Haar ``U``, ``V``) with
    ``s_i = exp(-i/15)``, rank 50, against ``sklearn.utils.extmath.randomized_svd`` with its defaults:
@@ -15,6 +15,9 @@ Four cases, float64, 2 threads:
 4. ``SketchedRidge`` (Nyström-preconditioned CG) at ``n = p = 10,000`` on random Fourier features of
    a Gaussian kernel against ``sklearn.linear_model.Ridge(solver="auto")``: time and the relative
    difference of the coefficients.
+
+And, for information (no target): ``rsketch.svd`` of a tall Dask array (1,000,000 x 200, rank 20) against
+``dask.array.linalg.svd_compressed`` on the same persisted array and LocalCluster.
 
 ``--quick`` runs every case at a small size (a smoke run; its targets are not the issue's).
 """
@@ -178,6 +181,76 @@ def _qr(report, m, n, repeats):
     return times["lapack"] / times["ours"], fact, orth
 
 
+def _dask_svd(report, m, n, k, rows, repeats):
+    """``rsketch.svd`` of a tall Dask array against ``dask.array.linalg.svd_compressed`` on the same
+    persisted array and the same cluster (2 workers x 1 thread, as the Dask area's): seconds, passes
+    over ``A`` and the Frobenius error over the optimum. ``A = G diag(s) V.T / sqrt(m)``, ``G`` Gaussian,
+    ``s_i = exp(-i/15)``; the optimum comes from the eigenvalues of ``A.T A`` (one pass), the errors from
+    one pass each over ``A - U diag(s) Vt``. Information (the issue sets no Dask target)."""
+    import dask
+    import dask.array as da
+    from distributed import Client, LocalCluster, wait
+
+    # one BLAS and one numba thread per worker process (benchmarks/dask_cluster.py says why)
+    environ = {
+        name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+    }
+    s = np.exp(-np.arange(n) / 15)
+    V = np.linalg.qr(np.random.default_rng(5).standard_normal((n, n)))[0]
+    with (
+        dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        G = da.random.default_rng(6).standard_normal((m, n), chunks=(rows, n))
+        A = (G @ (s[:, None] * V.T) / np.sqrt(m)).persist()
+        wait(A)
+        gram = (A.T @ A).compute()
+        eig = np.sort(np.linalg.eigvalsh(gram))[::-1]
+        optimum = float(np.sqrt(max(eig[k:].sum(), 0.0)))
+
+        def error(U, sv, Vt):
+            return float(np.sqrt(((A - (U * sv) @ Vt) ** 2).sum().compute()))
+
+        def theirs(power):
+            out = client.persist(list(da.linalg.svd_compressed(A, k, n_power_iter=power, seed=0)))
+            wait(out)
+            return out
+
+        fns = {
+            "read": lambda: A.sum().compute(),
+            "ours": lambda: rsketch.svd(A, k, seed=0),
+            "ours_4": lambda: rsketch.svd(A, k, passes=3, error_probes=False, seed=0),
+            "theirs_0": lambda: theirs(0),
+            "theirs_1": lambda: theirs(1),
+            "theirs_2": lambda: theirs(2),
+        }
+        times = median_times_interleaved(fns, repeats=repeats, warmup=1)
+        cases = [
+            ("rsketch.svd, defaults", "ours", None),
+            ("rsketch.svd(passes=3, error_probes=False)", "ours_4", None),
+            ("dask svd_compressed, defaults (n_power_iter=0)", "theirs_0", 2),
+            ("dask svd_compressed(n_power_iter=1)", "theirs_1", 4),
+            ("dask svd_compressed(n_power_iter=2)", "theirs_2", 6),
+        ]
+        for what, key, passes in cases:
+            out = fns[key]()
+            if passes is None:
+                passes, err = out.passes, error(out.U, out.s, out.Vt)
+            else:
+                err = error(*out)
+            report.rows.append(
+                {
+                    "case": f"{what}: {m:,} x {n}, chunks of {rows:,} rows, rank {k}",
+                    "seconds": times[key],
+                    "reads": times[key] / times["read"],
+                    "passes": passes,
+                    "frob/opt-1": err / optimum - 1,
+                }
+            )
+            print(report.rows[-1], flush=True)
+
+
 def _random_fourier_features(n, p, d=10, bandwidth=3.0, seed=4):
     rng = np.random.default_rng(seed)
     Z = rng.standard_normal((n, d))
@@ -223,6 +296,7 @@ def run(quick: bool = False) -> Report:
             2_000,
             1,
         )
+        dask_case = (50_000, 100, 10, 10_000)
     else:
         dense, sparse, qr, ridge = (
             (200_000, 500, 50),
@@ -230,11 +304,13 @@ def run(quick: bool = False) -> Report:
             (1_000_000, 100),
             10_000,
         )
+        dask_case = (1_000_000, 200, 20, 100_000)
         repeats = 3
     svd_report = Report(f"Low-rank approximation: rsketch.svd vs sklearn randomized_svd, {THREADS} threads")
     sparse_report = Report("Low-rank approximation, sparse: rsketch.svd vs scipy.sparse.linalg.svds")
     qr_report = Report("Low-rank approximation, pivoted QR: rsketch.qr_pivoted (CQRRPT) vs LAPACK geqp3")
     ridge_report = Report("Low-rank approximation, ridge: SketchedRidge (Nystrom PCG) vs sklearn Ridge")
+    dask_report = Report("Low-rank approximation on Dask: rsketch.svd vs dask.array.linalg.svd_compressed")
     with threadpool_limits(THREADS):
         met = _dense_svd(svd_report, *dense, repeats)
         sp_speed, sp_captured = _sparse_svd(sparse_report, *sparse, max(1, repeats - 1))
@@ -242,6 +318,7 @@ def run(quick: bool = False) -> Report:
         r_speed, r_rel, r_solver = _ridge(ridge_report, ridge, ridge, 1e-3, max(1, repeats - 1))
         # Information, not the target: a wider kernel, whose effective dimension is well below p.
         _ridge(ridge_report, ridge, ridge, 1e-3, max(1, repeats - 1), bandwidth=10.0)
+    _dask_svd(dask_report, *dask_case, repeats)  # its workers set their own threads
     speed, err_ok = met["fast"]
     svd_report.targets.append(
         Target(
@@ -299,10 +376,17 @@ def run(quick: bool = False) -> Report:
         "The target is the bandwidth-3 row (d_eff(1e-3) = 3,133 of p = 10,000: docs/lowrank.md). The "
         "bandwidth-10 row is information: a wider kernel, where Nystrom PCG needs few columns and iterations."
     )
+    dask_report.notes.append(
+        "Information, no target: the same persisted array and LocalCluster (2 workers x 1 thread) for both; "
+        "seconds are medians of interleaved runs, reads their ratio to one A.sum() over the persisted "
+        "chunks; passes over A (svd_compressed: 2 + 2 n_power_iter; ours: the result's count, which "
+        "includes the error estimate's probes by default); frob/opt-1 the Frobenius error over the "
+        "optimum, minus 1."
+    )
     return _Tables(
         svd_report.title,
         rows=svd_report.rows,
         targets=svd_report.targets,
         notes=svd_report.notes,
-        parts=[sparse_report, qr_report, ridge_report],
+        parts=[sparse_report, qr_report, ridge_report, dask_report],
     )

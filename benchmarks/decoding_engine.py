@@ -216,7 +216,7 @@ def run(quick: bool = False) -> Report:
             report.rows.append(_decode_row("ours, float32 weights", B, ctx, n_steps, decode32[B]))
         # batch 8 against batch 1 in alternating rounds: this shared machine's speed drifts over
         # seconds, and the compute-bound batch 8 more than the read-bound batch 1
-        batches = _paired_batches(model, ids, ctx, n_steps, decode_repeats, rng, 1 if quick else 5)
+        batches = _paired_batches(model, ids, ctx, n_steps, decode_repeats, rng, 1 if quick else 6)
         for B in (1, 8):
             rates = [r[B] for r in batches]
             report.rows.append(
@@ -309,7 +309,7 @@ def run(quick: bool = False) -> Report:
                 )
     paired = None
     if lc_best is not None:  # batch 1 against llama.cpp in alternating rounds: both see the same drift
-        paired = _paired_batch1(model, ids, ctx, n_steps, decode_repeats, rng, prompt, 1 if quick else 3)
+        paired = _paired_batch1(model, ids, ctx, n_steps, decode_repeats, rng, prompt, 1 if quick else 4)
         if paired is not None:
             peer = f"llama.cpp (llama-cpp-python), {numba.get_num_threads()} thread(s)"  # as many as ours
             for who, rates in (("ours", paired[0]), (peer, paired[1])):
@@ -339,9 +339,12 @@ def run(quick: bool = False) -> Report:
 
 
 def _paired_batches(model, ids, ctx, n_steps, repeats, rng, rounds):
-    """``rounds`` dicts ``{1: tok/s, 8: tok/s}``: our batch-1 and batch-8 rates, one after the other."""
+    """``rounds`` dicts ``{1: tok/s, 8: tok/s}``: our batch-1 and batch-8 rates, one after the other,
+    batch 1 first in the even rounds and batch 8 in the odd ones (a run's place in a round moved its
+    rate by 2-3% in the speculative benchmark: docs/speculative.md)."""
     return [
-        {B: _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)[0] for B in (1, 8)} for _ in range(rounds)
+        {B: _decode_rate(model, ids, B, ctx, n_steps, repeats, rng)[0] for B in ((1, 8), (8, 1))[r % 2]}
+        for r in range(rounds)
     ]
 
 
@@ -357,15 +360,19 @@ def _paired_batch1(model, ids, ctx, n_steps, repeats, rng, prompt, rounds):
     from decoding.api import model_path
 
     ours, theirs = [], []
-    for _ in range(rounds):
-        with blas_threads():
-            ours.append(_decode_rate(model, ids, 1, ctx, n_steps, repeats, rng)[0])
+    for r in range(rounds):  # ours first in the even rounds, llama.cpp first in the odd ones
+        if r % 2 == 0:
+            with blas_threads():
+                ours.append(_decode_rate(model, ids, 1, ctx, n_steps, repeats, rng)[0])
         lc = _llamacpp_figures(model_path(), [int(i) for i in prompt], n_steps * 4)
         runs = [] if lc is None or "error" in lc else lc["runs"]
-        match = [r["decode_tok_s"] for r in runs if r["threads"] == numba.get_num_threads()]
+        match = [run["decode_tok_s"] for run in runs if run["threads"] == numba.get_num_threads()]
         if not match:
             return None
         theirs.append(match[0])
+        if r % 2 == 1:
+            with blas_threads():
+                ours.append(_decode_rate(model, ids, 1, ctx, n_steps, repeats, rng)[0])
     return ours, theirs
 
 

@@ -156,7 +156,7 @@ def test_greedy_equals_autoregressive(tiny64, data, B, layout, drafter, budget, 
         assert res.stats["draft_tokens"] == 0  # verifying anything costs more than it can gain
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     data=st.data(),
     B=st.integers(1, 8),
@@ -165,15 +165,22 @@ def test_greedy_equals_autoregressive(tiny64, data, B, layout, drafter, budget, 
     budget=st.sampled_from([None, "gentle"]),
     max_draft=st.integers(1, 5),
     max_new=st.integers(1, 10),
+    quantized=st.booleans(),
 )
 def test_sampling_equals_autoregressive_sampling(
-    tiny64, data, B, layout, drafter, budget, max_draft, max_new
+    tiny64, tiny_quantized_model, data, B, layout, drafter, budget, max_draft, max_new, quantized
 ):
     """Sampled, the same seed gives autoregressive sampling's tokens, whatever is drafted, trimmed or
     batched: sample i's t-th token is drawn at u(i, t) either way (a timed budget that trims drafts
-    made sampled speculative decoding differ from run to run)."""
-    model, tok = tiny64
-    sp = SamplingParams(temperature=1.0, top_k=20)
+    made sampled speculative decoding differ from run to run).
+
+    On the default engine (``quantized``: a tiny model of Q4_1 layers; tiny64 is the float64 one),
+    greedy decoding too, with no near-tie exception: a token's logits are the same bits in any forward
+    there (test_quantized.py)."""
+    model, tok = tiny_quantized_model if quantized else tiny64
+    assert model.weight_format == ("quantized" if quantized else "float64")
+    greedy = quantized and data.draw(st.booleans())
+    sp = GREEDY if greedy else SamplingParams(temperature=1.0, top_k=20)
     seed = data.draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     motif = rng.integers(0, 264, size=4)
@@ -190,44 +197,6 @@ def test_sampling_equals_autoregressive_sampling(
     res = _run(
         model, tok, ids, layout=layout, drafter=d, max_new=max_new, max_draft=max_draft, budget=bud,
         sampling=sp, seed=seed, max_batch=max_batch,
-    )  # fmt: skip
-    assert res.tokens == ref.tokens
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    data=st.data(),
-    B=st.integers(1, 8),
-    layout=st.sampled_from(["ems", "vanilla"]),
-    drafter=st.sampled_from(["oracle", "llma", "draft_model"]),
-    budget=st.sampled_from([None, "gentle"]),
-    sampled=st.booleans(),
-    max_new=st.integers(1, 10),
-)
-def test_the_quantized_engine_gives_the_autoregressive_tokens(
-    tiny_quantized_model, data, B, layout, drafter, budget, sampled, max_new
-):
-    """The tests above on the default engine (quantized Q4_1 layers; tiny64 is the float64 one):
-    greedy and sampled, every layout, drafter and budget give autoregressive decoding's tokens, with
-    no near-tie exception (a token's logits are the same bits in any forward: test_quantized.py)."""
-    model, tok = tiny_quantized_model
-    assert model.weight_format == "quantized"
-    sp = SamplingParams(temperature=1.0, top_k=20) if sampled else GREEDY
-    seed = data.draw(st.integers(0, 2**31 - 1))
-    rng = np.random.default_rng(seed)
-    motif = rng.integers(0, 264, size=4)
-    lens = data.draw(st.lists(st.integers(1, 10), min_size=B, max_size=B))
-    ids = [[int(t) for t in np.concatenate([motif, rng.integers(0, 264, size=n)])[::-1]] for n in lens]
-    ref = _ar(model, tok, ids, max_new, sampling=sp, seed=seed)
-    if drafter == "oracle":
-        d = OracleDrafter([np.asarray(p) for p in ids], ref.tokens, seed)
-    else:
-        d = make_drafter(drafter, model, max_draft=4)
-    bud = DraftBudget(CostModel((1, 4, 32), (1.0, 1.3, 12.0)), prior=0.6) if budget else None
-    max_batch = data.draw(st.one_of(st.none(), st.integers(1, B))) if layout == "ems" else None
-    res = _run(
-        model, tok, ids, layout=layout, drafter=d, max_new=max_new, max_draft=4, budget=bud, sampling=sp,
-        seed=seed, max_batch=max_batch,
     )  # fmt: skip
     assert res.tokens == ref.tokens
 

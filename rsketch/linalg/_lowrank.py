@@ -759,6 +759,7 @@ def _block_krylov(A, K, width, scratch, keep, needed=0):
         kept = np.empty((rows, K.shape[1]), dtype=K.dtype, order=kept_order)
     P, P_scratch = (np.empty((n, width), dtype=K.dtype, order=order) for _ in range(2))
     _orth_into(K[:, :width], scratch)
+    noise = False  # a block found A's range spent
     for j in range(1, K.shape[1] // width):
         previous, behind = K[:, (j - 1) * width : j * width], slice((j - 1) * width, j * width)
         block, done = K[:, j * width : (j + 1) * width], K[:, : j * width]
@@ -778,6 +779,10 @@ def _block_krylov(A, K, width, scratch, keep, needed=0):
         spent = np.abs(done.T @ block).max() > array_lowrank.KRYLOV_ORTH_TOL[K.dtype]  # noise: A's rank
         if spent and (j + 1) * width >= needed:
             return _reorthonormalize(K[:, : (j + 1) * width]), j
+        noise |= spent
+    if noise:  # spent before `needed` columns, which the space could not reach (its blocks are capped at
+        # min(m, n)): the noise blocks after it are not orthogonal to the rest (||Q.T Q - I|| was 6.6)
+        return _reorthonormalize(K), K.shape[1] // width - 1
     if keep is not None and gram:
         last = slice(K.shape[1] - width, None)
         _rmatmat(A, K[:, last], out=P)

@@ -662,3 +662,18 @@ def test_the_estimates_probes_ride_in_the_first_product(passes, method):
     R = A @ W - found.Q @ (found.Q.T @ (A @ W))
     expected = 10 * np.sqrt(2 / np.pi) * np.linalg.norm(R, axis=0).max()
     assert found.error_estimate == pytest.approx(expected, rel=1e-10)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "csr", "csc"])
+def test_block_krylov_past_a_low_rank_into_a_capped_space_stays_orthonormal(fmt):
+    # rank 5, 18 + 2 columns wanted from blocks of 3 capped at 18 (min(m, n) = 20): the space is spent
+    # from the third block on and never reaches 20 columns, so its noise blocks went into U unorthogonalised
+    # (||U.T U - I|| = 6.6, the singular values 62.6, 56.3, ... for 38.8, 36.4, ...)
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((60, 5)) @ np.random.default_rng(0).standard_normal((5, 20))
+    X = A if fmt == "dense" else getattr(sp, f"{fmt}_matrix")(A)
+    res = svd(X, 18, oversample=2, block_size=3, passes=13, seed=0)
+    np.testing.assert_allclose(res.U.T @ res.U, np.eye(18), atol=1e-13)
+    true = np.linalg.svd(A, compute_uv=False)
+    np.testing.assert_allclose(res.s[:5], true[:5], rtol=1e-13)
+    assert np.linalg.norm(A - (res.U * res.s) @ res.Vt, 2) <= 1e-13 * true[0]

@@ -66,7 +66,9 @@ class GenerationResult:
         counted here.
         """
         n = self.n_generated - sum(1 for t in self.tokens if t)
-        return n / self.decode_time if self.decode_time > 0 else float("nan")
+        # NaN where no step decoded (max_new_tokens=1: every token came from the prefill); 0.0 had
+        # made the demo's speed-up a ZeroDivisionError
+        return n / self.decode_time if n and self.decode_time > 0 else float("nan")
 
     @property
     def time_per_step(self) -> float:

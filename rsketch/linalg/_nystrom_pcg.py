@@ -589,7 +589,10 @@ def _pcg(A, mu, b, P_inv, tol, max_iter, callback, shift=0):
     it = 0
     while rnorm > tol * bnorm and it < max_iter:
         Ad = np.asarray(A @ d).ravel() + mu * d
-        alpha = rz / float(d @ Ad)
+        curvature = float(d @ Ad)
+        if not (curvature > 0 and rz > 0):  # breakdown: d or r exactly 0 (a tol below what the rounding
+            break  # reaches had met a ZeroDivisionError), or an operator that is not positive definite
+        alpha = rz / curvature
         x += alpha * d
         r -= alpha * Ad
         z = P_inv @ r

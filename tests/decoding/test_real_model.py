@@ -178,6 +178,10 @@ def test_cli_generate_and_demo(real_model, monkeypatch, capsys):
     assert rc == 0 and out.count("Q: ") == 4 and "tok/s" in out
     assert "MB of quantized weights" in out  # the default engine, as the fixture loads it
     assert out.count("identical text: True") == 2  # EMS-SD verifying every draft, and with the budget
+    # one new token comes from the prefill alone: no decode rate (NaN), where 0.0 had made the demo's
+    # speed-up a ZeroDivisionError traceback
+    rc = cli_module.main(["demo", "--max-new-tokens", "1"])
+    assert rc == 0 and "nan tok/s" in capsys.readouterr().out
 
 
 def test_bytes_without_tokens_are_dropped_and_a_prompt_of_them_alone_is_named(real_model):

@@ -388,3 +388,14 @@ def test_the_adaptive_sketch_too_large_for_memory_is_refused_by_max_rank(monkeyp
     # checked a round at a time: the default max_rank (1000 columns, 4.8 GB) does not refuse a call
     # whose first round (50 columns, 240 MB) is enough (the identity: lambda_l <= 10 mu at once)
     assert nystrom_pcg(A, np.ones(n), 1.0, seed=0).converged
+
+
+def test_a_tol_below_rounding_stops_at_an_exact_zero_instead_of_dividing_by_it():
+    # CG reaches r = 0 exactly in float64 on this small Gram; tol 1e-300 then met d @ A d = 0 and a
+    # ZeroDivisionError. Now it stops there, converged by the rounding floor's rule.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 60)) * np.exp(-np.arange(60) / 5)
+    A, b = X.T @ X, rng.standard_normal(60)
+    res = nystrom_pcg(A, b, 1e-3, tol=1e-300, seed=0)
+    assert res.converged
+    assert np.linalg.norm(A @ res.x + 1e-3 * res.x - b) <= 1e-12 * np.linalg.norm(b)

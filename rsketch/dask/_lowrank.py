@@ -115,8 +115,11 @@ def basis(A, first, passes, method):
     ``first`` is the sketch operator of the first pass: ``(l, n)`` for an odd ``passes`` (``A @ S.T``,
     ``S.T`` generated as a client ``n x l`` block), ``(l, m)`` for an even one (the lazy ``S @ A``).
     """
-    if passes % 2:
-        Y = times(A, np.asarray(first.to_dense().T, dtype=A.dtype))
+    if passes % 2:  # the identity for a test block as wide as A (in memory's _first_test_block says why)
+        square = first.shape[0] >= A.shape[1]
+        Y = times(
+            A, np.eye(A.shape[1], dtype=A.dtype) if square else np.asarray(first.to_dense().T, dtype=A.dtype)
+        )
     else:
         Z = np.asarray((first @ A).compute()).T
         Y = times(A, np.linalg.qr(Z)[0].astype(A.dtype))

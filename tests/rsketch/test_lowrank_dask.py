@@ -215,3 +215,10 @@ def test_on_a_distributed_cluster_against_svd_compressed(matrix):
     ours_err = np.linalg.norm(A - (ours_U * ours.s) @ ours.Vt)
     assert optimum <= ours_err <= np.linalg.norm(A - (U * sv) @ Vt) * (1 + 1e-6)
     assert np.linalg.norm(A[:, qr.perm] - Q @ qr.R) <= 10 * np.finfo(float).eps * np.linalg.norm(A)
+
+
+def test_a_test_block_as_wide_as_a_gives_its_range_exactly():
+    A = np.random.default_rng(0).standard_normal((100, 3))  # a square sparse sign of seed 2 has rank 2
+    with dask.config.set(scheduler="threads"):
+        res = rsketch.svd(da.from_array(A, chunks=(30, 3)), 3, passes=1, seed=2)
+    np.testing.assert_allclose(res.s, np.linalg.svd(A, compute_uv=False), rtol=1e-12)

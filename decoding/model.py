@@ -112,6 +112,14 @@ class PackedBatch:
                 if np.size(t) and (dtype.kind not in "iu" or isinstance(t, (bool, np.bool_))):
                     raise TypeError(f"{name}[{b}] must hold integers, got {type(t).__name__} of {dtype}")
         check_integers(seq_ids, "seq_ids")
+        n_lists, n_ids = len(token_lists), np.size(seq_ids)
+        if n_lists == 0:
+            raise ValueError("token_lists is empty: a batch packs at least one sequence")
+        if n_ids != n_lists or (start_positions is not None and len(start_positions) != n_lists):
+            what = f"{n_ids} seq_ids" + (
+                "" if start_positions is None else f", {len(start_positions)} start_positions"
+            )
+            raise ValueError(f"{what} for {n_lists} token lists: one of each per sequence")
         counts = np.array([len(t) for t in token_lists], dtype=np.int64)
         cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])

@@ -100,6 +100,17 @@ def test_forward_refuses_sequences_the_cache_never_allocated(model):
     assert cache.lengths.tolist() == [0, 0]
 
 
+def test_packed_batch_refuses_mismatched_or_empty_lists():
+    # one list and two seq_ids had built a batch that forward refused for its cu_seqlens; no list at all
+    # met NumPy's "need at least one array to concatenate"
+    with pytest.raises(ValueError, match="2 seq_ids for 1 token lists"):
+        PackedBatch.from_lists([[1, 2]], seq_ids=[0, 1])
+    with pytest.raises(ValueError, match="1 start_positions for 2 token lists"):
+        PackedBatch.from_lists([[1], [2]], seq_ids=[0, 1], start_positions=[3])
+    with pytest.raises(ValueError, match="token_lists is empty"):
+        PackedBatch.from_lists([], seq_ids=[])
+
+
 def test_packed_batch_refuses_non_integer_tokens():
     with pytest.raises(TypeError, match=r"token_lists\[0\]"):
         PackedBatch.from_lists([[1.5, 2.5]], seq_ids=[0])

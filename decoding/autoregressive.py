@@ -91,7 +91,7 @@ def autoregressive_generate(
     with engine_threads() as threads:  # numba threads for the cores other processes leave free
         active, logits = queue.admit(model, cache, seq, prompt_ids)  # [B, V]
         prefill_time = queue.prefill_time
-        step_times = []
+        step_times, computed = [], 0  # decode forwards' tokens (one per sample in flight)
         decode_start = time.perf_counter()
         while True:
             t_step = time.perf_counter()
@@ -106,6 +106,7 @@ def autoregressive_generate(
                     still.append(i)
             if still:
                 logits = decode_step(model, cache, seq[still], [outs.tokens[i][-1] for i in still])
+                computed += len(still)
                 step_times.append(time.perf_counter() - t_step)
             elif step_times:  # this pass only emitted: part of the step before
                 step_times[-1] += time.perf_counter() - t_step
@@ -116,4 +117,11 @@ def autoregressive_generate(
                 break
             active = still + new
     decode_time = time.perf_counter() - decode_start - (queue.prefill_time - prefill_time)
-    return outs.result(prompt_ids, queue, decode_time, step_times)
+    # with max_batch, the prefills of admitted prompts are forwards too, and a step holds the samples in
+    # flight, not every prompt (the fallbacks had reported 1 + steps and the number of prompts)
+    forwards = len(step_times)
+    stats = {
+        "target_forwards": queue.prefill_forwards + forwards,
+        "tokens_per_forward": computed / forwards if forwards else float("nan"),
+    }
+    return outs.result(prompt_ids, queue, decode_time, step_times, stats=stats)

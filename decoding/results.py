@@ -26,7 +26,8 @@ class GenerationResult:
         Seconds of each decode step (one forward plus sampling).
     method : str
         ``"autoregressive"``, ``"ems"`` or ``"vanilla"`` (speculative; then ``stats`` holds the
-        drafter, accepted and verified draft tokens, forwards, tokens per forward, padding).
+        drafter, accepted and verified draft tokens, forwards, tokens per forward, padding; for
+        autoregressive decoding, the forwards and tokens per forward).
 
     Examples
     --------

@@ -330,6 +330,11 @@ def test_max_batch_bounds_the_cache_and_every_forward(tiny64, method):
     assert rec.max_seqs == [2]  # the cache holds two sequences, not six
     assert max(len(s) for s in rec.seqs) <= 2 and all(s and max(s) < 2 for s in rec.seqs)
     assert res.prefill_time > 0 and res.decode_time > 0
+    # every forward counted, prefills of admitted prompts included, and a decode forward's tokens (the
+    # autoregressive fallbacks had said 1 + steps forwards and 6 tokens a forward)
+    assert res.target_forwards == len(rec.seqs)
+    if method == "autoregressive":
+        assert 1 <= res.tokens_per_forward <= 2
 
 
 def test_budget_maximises_the_rate_while_prompts_wait(tiny64):

@@ -18,6 +18,10 @@ from .sampling import SamplingParams
 from .scheduling import check_memory, loop_memory
 from .tokenizer import check_text
 
+#: The longest ``--reference`` file read, in characters (16 Mi; the tokenizer needs about 130 bytes of
+#: memory a character of text).
+MAX_REFERENCE_CHARS = 16 << 20
+
 DEMO_QUESTIONS = [
     "What is the capital of Germany?",
     "Name three primary colors.",
@@ -105,7 +109,13 @@ def _speculative_kwargs(args, batch) -> dict:
     if args.reference is not None:
         try:
             with open(args.reference, encoding="utf-8") as f:
-                kw["references"] = [f.read()] * batch
+                text = f.read(MAX_REFERENCE_CHARS + 1)  # bounded: /dev/zero had been read to 5 GB
+            if len(text) > MAX_REFERENCE_CHARS:
+                raise ValueError(
+                    f"--reference {args.reference}: longer than {MAX_REFERENCE_CHARS:,} characters "
+                    "(a reference the drafter copies from, not a corpus)"
+                )
+            kw["references"] = [text] * batch  # one object: generate encodes it once
         except UnicodeDecodeError as e:
             raise ValueError(
                 f"--reference {args.reference}: not valid UTF-8 "
@@ -220,5 +230,5 @@ def main(argv=None) -> int:
         OSError,
         FloatingPointError,
     ) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e or type(e).__name__}", file=sys.stderr)  # a MemoryError has no message
         return 2

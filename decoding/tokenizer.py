@@ -215,6 +215,9 @@ class Tokenizer:
         self._compiled = None  # (source, environment, template): compiled at the first chat prompt
         self._id_to_token = id_to_token
         self.vocab_size = len(id_to_token)
+        # the most bytes of text one token stands for, at most its spelling's UTF-8 length (a byte-level
+        # token's characters are one byte each): a text of n bytes needs at least n / this many tokens
+        self.max_token_bytes = max((len(str(t).encode("utf-8")) for t in id_to_token), default=1) or 1
         added = hf.get_added_tokens_decoder()
         self._special = {int(i) for i, t in added.items() if t.special}
         # A copy that reads control-token spellings as plain text (user-defined tokens still match,

@@ -229,6 +229,45 @@ def test_cli_reference_not_utf8(tiny_path, tmp_path, capsys):
     assert f"--reference {ref}: not valid UTF-8 (byte 0xff at offset 8)" in err
 
 
+def test_cli_reads_a_bounded_reference_and_encodes_it_once(tiny_path, tmp_path, capsys, monkeypatch):
+    # /dev/zero had been read to 5 GB (then "error: " with no message), and a reference was encoded
+    # once per sample of --batch (a 9 MB file at batch 8: 59 s)
+    ref = tmp_path / "ref.txt"
+    ref.write_text("the cat sat on the mat " * 20)
+    monkeypatch.setattr(cli, "MAX_REFERENCE_CHARS", 100)
+    args = ["generate", "the cat", "--model", str(tiny_path[0]), "--method", "ems", "--reference", str(ref)]
+    assert cli.main(args) == 2
+    assert f"--reference {ref}: longer than 100 characters" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "MAX_REFERENCE_CHARS", 10_000)
+    from decoding.tokenizer import Tokenizer
+
+    encoded = []
+    encode = Tokenizer.encode
+    monkeypatch.setattr(
+        Tokenizer, "encode", lambda self, text, **kw: encoded.append(text) or encode(self, text, **kw)
+    )
+    assert cli.main([*args, "--batch", "4", "--max-new-tokens", "3"]) == 0
+    assert encoded.count(ref.read_text()) == 1
+
+
+def test_unused_references_and_oversized_prompts_are_not_encoded(tiny64, monkeypatch):
+    model, tok = tiny64
+    encoded = []
+    encode = type(tok).encode
+    monkeypatch.setattr(
+        type(tok), "encode", lambda self, text, **kw: encoded.append(len(text)) or encode(self, text, **kw)
+    )
+    big = "the cat " * 50_000  # 400,000 bytes
+    generate(model, tok, ["the cat"], max_new_tokens=2, references=[big])  # autoregressive reads none
+    assert max(encoded) < 100
+    ctx = model.config.context_length
+    with pytest.raises(
+        ValueError, match=rf"prompts\[0\] is 400,000 bytes, .* context of {ctx} tokens \(refused before"
+    ):
+        generate(model, tok, [big], max_new_tokens=2)
+    assert max(encoded) < 100
+
+
 @pytest.mark.parametrize("method", [[], ["--method", "ems"], ["--method", "vanilla"]])
 def test_cli_max_draft_zero(tiny_path, capsys, monkeypatch, method):
     loaded = []

@@ -25,9 +25,12 @@ def test_a_random_state_instance_is_taken_as_scikit_learn_takes_it(est):
     # scikit-learn's convention (check_random_state): a RandomState was refused with a TypeError. A key
     # is drawn from it, as from a Generator: the same state gives the same fit, and a shared one moves on
     params = dict(method="sketch_and_solve") if est is not SketchedPCA else dict(n_components=2)
-    fits = [est(random_state=np.random.RandomState(3), **params).fit(X, y) for _ in range(2)]
+    # PCA on 40 features: on 5, its 2 + 10 columns span them all, and the fit (the identity's) has no
+    # random part for a moved-on state to change
+    Xs = X if est is not SketchedPCA else np.random.default_rng(1).standard_normal((3000, 40))
+    fits = [est(random_state=np.random.RandomState(3), **params).fit(Xs, y) for _ in range(2)]
     shared = np.random.RandomState(3)
-    moved = [est(random_state=shared, **params).fit(X, y) for _ in range(2)]
+    moved = [est(random_state=shared, **params).fit(Xs, y) for _ in range(2)]
     attr = "components_" if est is SketchedPCA else "coef_"
     assert np.array_equal(getattr(fits[0], attr), getattr(fits[1], attr))
     assert np.array_equal(getattr(moved[0], attr), getattr(fits[0], attr))

@@ -348,8 +348,10 @@ def _dask_cqrrpt(A, SA, R_sk, perm, rank, bound):
     rank is below ``n``, the check of :func:`_rest_in_range` (two more passes). A sketch that failed
     is an error here: ``A`` may not fit in memory for LAPACK's QRCP."""
     m, n = A.shape
-    if rank == 0:
-        Q, R = np.zeros((m, 0), A.dtype), np.zeros((0, n), A.dtype)
+    if rank == 0:  # Q a Dask array of no column, as for any other rank (it was NumPy's)
+        import dask.array as da
+
+        Q, R = da.zeros((m, 0), dtype=A.dtype, chunks=(A.chunks[0], 0)), np.zeros((0, n), A.dtype)
     else:
         Q, R_pre = dask_lowrank.cqrrpt(A[:, perm[:rank]], SA, rank, R_sk)
         # In A's precision, as in memory (a float32 R_pre times R_sk; R was float64 for float32 A): the

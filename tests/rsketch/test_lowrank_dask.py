@@ -222,3 +222,11 @@ def test_a_test_block_as_wide_as_a_gives_its_range_exactly():
     with dask.config.set(scheduler="threads"):
         res = rsketch.svd(da.from_array(A, chunks=(30, 3)), 3, passes=1, seed=2)
     np.testing.assert_allclose(res.s, np.linalg.svd(A, compute_uv=False), rtol=1e-12)
+
+
+def test_qr_pivoted_of_a_zero_array_returns_a_dask_q():
+    # rank 0 returned a NumPy Q of no column where every other rank returns a Dask one
+    with dask.config.set(scheduler="threads"):
+        res = rsketch.qr_pivoted(da.zeros((100, 5), chunks=(30, 5)), seed=0)
+        assert res.rank == 0 and isinstance(res.Q, da.Array) and res.Q.shape == (100, 0)
+        assert res.Q.compute().shape == (100, 0) and res.R.shape == (0, 5)

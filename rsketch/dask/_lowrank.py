@@ -112,20 +112,18 @@ def basis(A, first, passes, method):
     """The range finder's basis of a tall Dask ``A``, persisted, and ``Q_j.T A`` of the block Krylov
     blocks but the last (as :func:`rsketch.linalg._lowrank._basis`).
 
-    ``first`` is the sketch operator of the first pass: ``(l, n)`` for an odd ``passes`` (``A @ S.T``,
-    ``S.T`` generated as a client ``n x l`` block), ``(l, m)`` for an even one (the lazy ``S @ A``).
+    ``first`` is the first pass's test: for an odd ``passes`` the client's ``n x l`` block in ``A``'s
+    dtype (``A @ first``: ``S.T``, or the identity where ``l >= n``, as in memory), for an even one the
+    ``(l, m)`` sketch operator (the lazy ``S @ A``).
     """
-    if passes % 2:  # the identity for a test block as wide as A (in memory's _first_test_block says why)
-        square = first.shape[0] >= A.shape[1]
-        Y = times(
-            A, np.eye(A.shape[1], dtype=A.dtype) if square else np.asarray(first.to_dense().T, dtype=A.dtype)
-        )
+    if passes % 2:
+        Y, width = times(A, first), first.shape[1]
     else:
         Z = np.asarray((first @ A).compute()).T
-        Y = times(A, np.linalg.qr(Z)[0].astype(A.dtype))
+        Y, width = times(A, np.linalg.qr(Z)[0].astype(A.dtype)), first.shape[0]
     rounds = (passes - 1) // 2
     if method == "block_krylov":  # the space cannot outgrow min(m, n), as in memory
-        rounds = min(rounds, min(A.shape) // first.shape[0] - 1)
+        rounds = min(rounds, min(A.shape) // width - 1)
     blocks, keep = [orth(Y, A)], []
     for _ in range(rounds):
         P = np.asarray((A.T @ blocks[-1]).compute())

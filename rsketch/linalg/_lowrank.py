@@ -663,7 +663,10 @@ def _dask_range(A, width, passes, method, sketch, seeds, dtype, error_probes, ke
     """The range finder on a tall Dask ``A`` (:mod:`rsketch.dask._lowrank`): the same sketch, the
     passes as map-reduces over the row chunks, ``Q`` a persisted Dask array."""
     m, n = A.shape
-    first = _draw(sketch, n if passes % 2 else m, width, seeds[0], dtype)
+    if passes % 2:
+        first = _first_test_block(sketch, n, width, seeds[0], dtype).astype(A.dtype, copy=False)
+    else:
+        first = _draw(sketch, m, width, seeds[0], dtype)
     Q, kept = dask_lowrank.basis(A, first, passes, method)
     if keep is not None:
         keep.extend(kept)

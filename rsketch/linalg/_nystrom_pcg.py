@@ -482,8 +482,7 @@ def _nystrom_rounds(A, n, dtype, sketch, children, start, max_rank, threshold, *
         width = min(2 * width, max_rank)
     sigma2, V = np.linalg.eigh(BtB)
     sigma2, V = sigma2[::-1], V[:, ::-1]
-    resolved = sigma2 > 2 * nu  # below, the eigenvalue is within rounding of the shift: zero
-    lam = np.where(resolved, sigma2 - nu, 0.0).astype(dtype, copy=False)
+    resolved, lam = _unshifted(sigma2, nu, dtype)
     W = scipy.linalg.solve_triangular(C_nu, V, check_finite=False)  # C^-1 V
     W *= np.where(resolved, 1.0 / np.sqrt(np.where(resolved, sigma2, 1.0)), 0.0)
     Y_nu = Y[:, :l]  # in place: Y is not needed again (a temporary of n x l cost 0.15 s)
@@ -520,10 +519,15 @@ def _factor_through_qr(Y_nu, C_nu, nu, dtype):
     B = scipy.linalg.solve_triangular(C_nu, Y_nu.T, trans="T", check_finite=False).T  # Y_nu C^-1
     Q, R = scipy.linalg.qr(B, mode="economic", check_finite=False)
     V, sigma, _ = scipy.linalg.svd(R, check_finite=False)
-    sigma2 = sigma**2
-    resolved = sigma2 > 2 * nu  # as in the fast factor: within rounding of the shift, zero
-    U = (Q @ V) * resolved
-    return U.astype(dtype, copy=False), np.where(resolved, sigma2 - nu, 0.0).astype(dtype, copy=False)
+    resolved, lam = _unshifted(sigma**2, nu, dtype)
+    return ((Q @ V) * resolved).astype(dtype, copy=False), lam
+
+
+def _unshifted(sigma2, nu, dtype):
+    """``(resolved, lambda)`` from the squared singular values of ``B`` (``Y_nu``'s, shifted by ``nu``):
+    ``lambda = sigma^2 - nu``, and zero where ``sigma^2 <= 2 nu``, within rounding of the shift."""
+    resolved = sigma2 > 2 * nu
+    return resolved, np.where(resolved, sigma2 - nu, 0.0).astype(dtype, copy=False)
 
 
 def _ldexp(x: float, e: int) -> float:

@@ -37,7 +37,8 @@ def _prompt_ids(tokenizer, prompts, vocab_size, ctx: int, max_new_tokens: int) -
             if not p:
                 raise ValueError(f"prompts[{i}] is empty")
             size = len(check_text(p, f"prompts[{i}]").encode("utf-8"))
-            if size > max_tokens * tokenizer.max_token_bytes:
+            # max_token_bytes >= 1, so only a text above max_tokens bytes asks for it (a vocabulary pass)
+            if size > max_tokens and size > max_tokens * tokenizer.max_token_bytes:
                 raise ValueError(
                     f"prompts[{i}] is {size:,} bytes, more than {max_tokens:,} tokens hold at "
                     f"{tokenizer.max_token_bytes} bytes a token at most: with "

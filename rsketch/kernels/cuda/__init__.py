@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
+
+from rsketch._backend import to_host
+from rsketch._exact_scaling import safe_shift, shift_down
 from rsketch._validation import _float_dtype_for, check_finite
 
 _INSTALL = "install the GPU extra: pip install 'rsketch[gpu]' (CuPy and numba-cuda)"
@@ -152,11 +156,6 @@ def _with_csr_columns_scaled(S, A, apply):
     then scaled back (exact), as the dense operands are (:func:`rsketch._exact_scaling.with_columns_scaled`,
     whose column maxima and scaling take SciPy's sparse formats, not cupyx's): the kernels sum
     unscaled values, so entries of ``1e308`` had given ``inf`` for a finite product."""
-    import numpy as np
-
-    from rsketch._backend import to_host
-    from rsketch._exact_scaling import safe_shift, shift_down
-
     data, indices = to_host(A.data)[: A.nnz], to_host(A.indices)[: A.nnz]
     largest = np.zeros(A.shape[1])
     np.maximum.at(largest, indices, np.abs(data))

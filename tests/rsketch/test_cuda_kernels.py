@@ -547,6 +547,25 @@ def test_no_device_is_a_runtime_error(monkeypatch, count):
         require_gpu()
 
 
+def test_numba_cuda_that_cannot_compile_with_this_numpy_is_an_import_error(monkeypatch, tmp_path):
+    from rsketch.kernels.cuda import check_kernel_compiler, require_gpu
+
+    # What numba-cuda 0.30.4's arrayobj does on NumPy 2.5 at its import: overload(np.row_stack).
+    (tmp_path / "arrayobj_on_numpy_2_5.py").write_text("import numpy as np\nnp.row_stack_removed_in_2_5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match=r"numba-cuda cannot compile kernels with NumPy .*numpy<2\.5"):
+        check_kernel_compiler("arrayobj_on_numpy_2_5")
+    check_kernel_compiler()  # this environment's numba-cuda and NumPy (CI pins numpy<2.5): they compile
+    # require_gpu asks before it looks for a device: the fix is an install, whatever the machine.
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(1))
+    monkeypatch.setattr(
+        "rsketch.kernels.cuda.check_kernel_compiler",
+        lambda: check_kernel_compiler("arrayobj_on_numpy_2_5"),
+    )
+    with pytest.raises(ImportError, match="numba-cuda cannot compile kernels"):
+        require_gpu()
+
+
 def test_mixing_device_and_host_arrays_is_a_type_error():
     device_like = type("ndarray", (), {"__module__": "cupy"})()  # what cupy.ndarray reports
     assert array_library(device_like) == "cupy"

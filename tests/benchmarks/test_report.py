@@ -181,9 +181,15 @@ def test_gpu_check_records_its_three_reports(monkeypatch):
     import benchmarks._harness as harness
     import benchmarks.gpu as gpu
 
+    calls = []
     for name in ("run", "run_lstsq", "run_decoding"):
-        monkeypatch.setattr(gpu, name, lambda quick: rp.Report("t", rows=[{"case": "a"}]))
+        report = rp.Report(name, rows=[{"case": "a"}])
+        monkeypatch.setattr(gpu, name, lambda quick, name=name, r=report, **kw: calls.append((name, kw)) or r)
     recorded = []
     record = lambda pairs, **kw: recorded.append([a for a, _ in pairs]) or []  # noqa: E731
     monkeypatch.setattr(harness, "record_run", record)
     assert gpu.main([]) == 0 and recorded == [["gpu"] * 3]
+    # --only runs the parts asked for (a stage of gpu_check.sh); --model reaches the decoding run
+    calls.clear()
+    assert gpu.main(["--only", "decoding", "--model", "m.gguf"]) == 0 and recorded[-1] == ["gpu"]
+    assert calls == [("run_decoding", {"model": "m.gguf"})]

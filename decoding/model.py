@@ -34,7 +34,7 @@ from .attention import AttentionPlan, attend
 from .config import LlamaConfig
 from .gguf_reader import SUPPORTED_TYPES, GGUFFile, quoted, read_gguf
 from .kernels import linear, rms_norm
-from .kv_cache import KVCache
+from .kv_cache import KVCache, check_cache_dtype
 from .quantized import QUANTIZED_TYPES, QuantizedMatrix
 
 __all__ = ["Model", "Layer", "PackedBatch", "check_tensors"]
@@ -348,9 +348,6 @@ class Model:
         self.dtype = np.dtype(dtype)  # of the activations and the logits
         # numpy, or a GPU library's namespace when the weights live there (quantized weights are NumPy only)
         self.xp = np if isinstance(tok_embd, QuantizedMatrix) else namespace(tok_embd)
-        #: The KV cache's dtype (:meth:`new_cache`): float16 for quantized weights, as llama.cpp
-        #: keeps it by default (half the bytes the attention reads a step; on a CPU without F16C,
-        #: float32), else the activations' dtype. Set it to ``numpy.float32`` for a float32 cache.
         self.kv_dtype = (
             np.dtype(np.float16) if self.weight_format == "quantized" and HALF_CONVERSION else self.dtype
         )
@@ -477,6 +474,18 @@ class Model:
             w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)
         ]
         return "quantized" if any(isinstance(w, QuantizedMatrix) for w in held) else self.dtype.name
+
+    @property
+    def kv_dtype(self) -> np.dtype:
+        """The KV cache's dtype (:meth:`new_cache`): float16 for quantized weights, as llama.cpp keeps
+        it by default (half the bytes the attention reads a step; on a CPU without F16C, float32),
+        else the activations' dtype. Set it to ``numpy.float32`` for a float32 cache; anything but
+        float16, float32 or float64 is refused when set (``None`` included)."""
+        return self._kv_dtype
+
+    @kv_dtype.setter
+    def kv_dtype(self, value) -> None:
+        self._kv_dtype = check_cache_dtype(value, "kv_dtype")
 
     @property
     def output_weight(self) -> np.ndarray:

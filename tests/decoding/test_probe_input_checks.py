@@ -368,3 +368,17 @@ def test_the_bounds_scale_with_the_messages(tok):
     assert echo.apply_chat_template(long) == "<|im_start|>" + long[0]["content"] + "<|im_end|>"
     loops = with_template(tok, "{% for m in messages %}{{ loop.index }}/{{ loop.length }} {% endfor %}")
     assert loops.apply_chat_template(MSG * 3) == "1/3 2/3 3/3 "
+
+
+@pytest.mark.parametrize("bad", [None, "float32x", np.int32])
+def test_a_cache_dtype_that_is_not_a_float_is_refused(bad, tiny_path):
+    # numpy.dtype(None) is float64: None gave a float64 cache (twice the bytes) without a word.
+    from decoding import load_model
+
+    error = TypeError if isinstance(bad, str) else ValueError
+    with pytest.raises(error, match="dtype must be"):
+        KVCache(1, 1, 2, max_seqs=1, capacity=2, dtype=bad)
+    model, _ = load_model(tiny_path[0], dtype=np.float32)  # its own: the test sets an attribute
+    with pytest.raises(error, match="kv_dtype must be"):
+        model.kv_dtype = bad
+    assert model.kv_dtype == np.float32 and model.new_cache(max_seqs=1, capacity=2).dtype == np.float32

@@ -104,7 +104,8 @@ def lstsq(
         Randomness of the sketch(es); a fixed int gives the same sketch, and the same ``S X`` bit for
         bit under any thread count. The answer is bitwise reproducible for a fixed BLAS thread count:
         the QR and SVD of ``S X`` go through LAPACK, whose rounding follows OpenBLAS's threads
-        (``docs/operators.md``, "Threads").
+        (``docs/operators.md``, "Threads"). Not used where ``sketch`` is an operator: the operator's
+        own seed fixed it, and IHS derives its later sketches from that operator's key.
     tol : float in (0, 1), optional
         ``"precondition"``: the target backward error, relative to ``||X||_F`` (the Karlson-Walden
         estimate from the sketch, per column); default ``10 u = 1.1e-15``, the stable level.

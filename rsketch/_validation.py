@@ -8,6 +8,8 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
+from rsketch._backend import array_library
+
 _SPARSE_OK = ("csr", "csc", "coo")
 
 
@@ -295,7 +297,8 @@ def check_operand(
         return A, sparse_vector
     if isinstance(A, np.ndarray) and type(A) is not np.ndarray:
         A = _plain_ndarray(A, name)
-    if not hasattr(A, "__array_namespace__") and not isinstance(A, np.ndarray):
+    # CuPy's arrays have no __array_namespace__ (array_api_compat wraps CuPy) and refuse np.asarray
+    if not (isinstance(A, np.ndarray) or hasattr(A, "__array_namespace__") or array_library(A) == "cupy"):
         try:
             A = np.asarray(A)
         except (ValueError, TypeError) as exc:
@@ -319,7 +322,7 @@ def check_operand(
         from rsketch._backend import array_namespace
 
         xp = array_namespace(A)
-        A = xp.astype(A, getattr(xp, dt.name))
+        A = xp.astype(A, getattr(xp, dt.name), copy=False)  # a copy of A is n k values on the device
         if is_vector:
             A = A[:, None]
     if check_finite_values:

@@ -566,6 +566,24 @@ def test_numba_cuda_that_cannot_compile_with_this_numpy_is_an_import_error(monke
         require_gpu()
 
 
+def _unallocated_cupy_array(cupy, shape, dtype):
+    """A ``cupy.ndarray`` over memory that is never touched: CuPy's array type, no device needed."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    memory = cupy.cuda.memory.UnownedMemory(0x10000, max(size, 1), None, device_id=0)
+    return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.memory.MemoryPointer(memory, 0))
+
+
+def test_a_cupy_array_is_validated_as_a_device_array():
+    # CuPy's arrays have no __array_namespace__; the check took them for host input and called
+    # np.asarray, which CuPy refuses: every S @ A on the GPU was "A must be an array of real numbers".
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (the gpu extra)")
+    from rsketch._validation import check_operand
+
+    A = _unallocated_cupy_array(cupy, (100, 3), np.float64)
+    checked, is_vector = check_operand(A, 100, check_finite_values=False)
+    assert checked is A and not is_vector  # as it is: no copy of n k values on the device
+
+
 def test_mixing_device_and_host_arrays_is_a_type_error():
     device_like = type("ndarray", (), {"__module__": "cupy"})()  # what cupy.ndarray reports
     assert array_library(device_like) == "cupy"

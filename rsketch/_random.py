@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from rsketch._backend import to_host
 from rsketch._validation import check_seed, seed_sequence
 
 # Philox4x32 constants (Random123).
@@ -306,7 +307,7 @@ def sample_without_replacement(xp, key, m: int, r: int, stream: int) -> np.ndarr
     array([0, 1, 2, 3, 4, 5])
     """
     i = xp.arange(r, dtype=xp.int64)
-    draws = np.asarray(bounded_exact(xp, key, i, i + (m - r + 1), stream)).tolist()
+    draws = to_host(bounded_exact(xp, key, i, i + (m - r + 1), stream)).tolist()  # np.asarray refuses CuPy's
     chosen: set[int] = set()
     out = np.empty(r, dtype=np.int64)
     for i, v in enumerate(draws):

@@ -8,6 +8,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from rsketch._backend import to_host
 from rsketch._exact_scaling import arithmetic_dtype, scale_design
 from rsketch._random import (
     STREAM_SAMPLE,
@@ -264,7 +265,7 @@ class LeverageSampling(_RowSampling):
         if xp is not None:
             self._check_index_memory()
             w = random_words(xp, self.key, xp.arange(self.sketch_size, dtype=xp.int64), 0, STREAM_SAMPLE)
-            return self._invert(np.asarray(w[0]), np.asarray(w[1]))
+            return self._invert(to_host(w[0]), to_host(w[1]))  # O(r) words; np.asarray refuses CuPy's
         if self._idx is None:
             self._check_index_memory()
             w = cpu.philox_words(self.key[0], self.key[1], 0, self.sketch_size, 1, STREAM_SAMPLE)[:, 0, :]

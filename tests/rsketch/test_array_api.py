@@ -17,7 +17,10 @@ from rsketch.linalg._array_design import ArrayDesign
 from rsketch.linalg._backward_error import backward_error
 from rsketch.linalg.problems import stability_problem
 
-from .array_api_standin import DEVICE, host, on_device, xps
+from .array_api_standin import DEVICE, device_by_default, host, on_device, xps  # noqa: F401 (a fixture)
+
+# Every test here runs with new arrays on the stand-in device unless told otherwise, as CuPy makes them.
+pytestmark = pytest.mark.usefixtures("device_by_default")
 
 U = np.finfo(np.float64).eps / 2
 
@@ -287,3 +290,33 @@ def test_device_sums_that_overflow_are_scaled_as_on_the_host(kind):
     got = host(S @ on_device(A))
     np.testing.assert_array_equal(ref, [[0.0]])
     np.testing.assert_array_equal(got, ref)
+
+
+DEVICE_MADE_OPERATORS = {
+    "countsketch": lambda n, r: rsketch.CountSketch(n, r, seed=3),
+    "sparse_sign": lambda n, r: rsketch.SparseSign(n, r, seed=3),
+    "srht": lambda n, r: rsketch.SRHT(n, r, seed=3),
+    "gaussian": lambda n, r: rsketch.GaussianSketch(n, r, seed=3),
+    "uniform": lambda n, r: rsketch.UniformSampling(n, r, seed=3),
+    "uniform without replacement": lambda n, r: rsketch.UniformSampling(n, r, seed=3, replace=False),
+    "leverage": lambda n, r: rsketch.LeverageSampling(n, r, scores=np.linspace(1.0, 2.0, n), seed=3),
+}
+
+
+@pytest.mark.parametrize("kind", list(DEVICE_MADE_OPERATORS))
+def test_operators_where_every_new_array_is_on_the_device(kind):
+    # The sampling adjoints converted words they drew on the device with np.asarray: on CuPy, a TypeError.
+    rng = np.random.default_rng(0)
+    S = DEVICE_MADE_OPERATORS[kind](500, 40)
+    A, Z = rng.standard_normal((500, 3)), rng.standard_normal((40, 2))
+    np.testing.assert_allclose(host(S @ on_device(A)), S @ A, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(host(S.T @ on_device(Z)), S.T @ Z, rtol=1e-12, atol=1e-12)
+
+
+def test_leverage_statistics_where_every_new_array_is_on_the_device():
+    X, y = strict_problem(n=2000, p=5)
+    kw = dict(sketch="leverage", sketch_size=200, n_sketches=2, seed=0)
+    ours = rsketch.efficiency(on_device(X), y=on_device(y), **kw)
+    ref = rsketch.efficiency(X, y=y, **kw)
+    for measure in ("pe", "re", "wc"):
+        np.testing.assert_allclose(ours.draws(measure), ref.draws(measure), rtol=1e-13)

@@ -112,7 +112,7 @@ def autoregressive_generate(
                 step_times[-1] += time.perf_counter() - t_step
             new, new_logits = queue.admit(model, cache, seq, prompt_ids)  # into the slots just freed
             if new:
-                logits = new_logits if not still else model.xp.concatenate([logits, new_logits])
+                logits = new_logits if not still else np.concatenate([logits, new_logits])  # host logits
             elif not still:
                 break
             active = still + new

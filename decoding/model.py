@@ -603,8 +603,10 @@ class Model:
         return out
 
     def _layer_prefetcher(self):
-        """The next layer's weight prefetcher (:attr:`prefetch`), made at the first forward, or None."""
-        if not self.prefetch:
+        """The next layer's weight prefetcher (:attr:`prefetch`), made at the first forward, or None.
+        None on a device too: the prefetch reads host memory into the CPU's cache, and on a device it
+        would launch work from a second thread."""
+        if not self.prefetch or self.xp is not np:
             return None
         if self._prefetcher is None:
             with _PREFETCHER_LOCK:  # two first forwards at once each started one, and one was never stopped

@@ -23,6 +23,7 @@ xps = pytest.importorskip("array_api_strict", reason="install the test extra: ar
 DEVICE = xps.Device("device1")
 PROMPTS = ["the cat in the hat", "the hat the hat the hat the", "x y"]
 REFERENCES = ["the hat the hat", "the hat sat", "y"]
+SHORT_FIRST, SHORT_FIRST_REFERENCES = [PROMPTS[i] for i in (2, 0, 1)], [REFERENCES[i] for i in (2, 0, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,11 @@ def test_greedy_tokens_are_the_cpus(tiny64, on_device, method):
         kwargs = {} if method == "autoregressive" else {"drafter": drafter, "references": REFERENCES}
         res = generate(dev, tok, PROMPTS, max_new_tokens=12, method=method, **kwargs)
         assert res.tokens == ref.tokens, (method, drafter)
+    if method != "vanilla":  # continuous batching: "x y" ends first, and the next prompt joins a running step
+        ref = generate(model, tok, SHORT_FIRST, max_new_tokens=12, max_batch=2)
+        kwargs = {} if method == "autoregressive" else {"references": SHORT_FIRST_REFERENCES}
+        res = generate(dev, tok, SHORT_FIRST, max_new_tokens=12, method=method, max_batch=2, **kwargs)
+        assert res.tokens == ref.tokens, (method, "max_batch=2")
 
 
 def test_float32_greedy_tokens_up_to_near_ties(tiny_path):
@@ -150,3 +156,22 @@ def test_gpu(tiny_path):
     for method in ("autoregressive", "ems", "vanilla"):
         kwargs = {} if method == "autoregressive" else {"references": REFERENCES}
         assert generate(dev, tok, PROMPTS, max_new_tokens=12, method=method, **kwargs).tokens == ref.tokens
+        if method != "vanilla":  # continuous batching, as in test_greedy_tokens_are_the_cpus
+            kwargs = {} if method == "autoregressive" else {"references": SHORT_FIRST_REFERENCES}
+            short_ref = generate(model, tok, SHORT_FIRST, max_new_tokens=12, max_batch=2).tokens
+            res = generate(dev, tok, SHORT_FIRST, max_new_tokens=12, method=method, max_batch=2, **kwargs)
+            assert res.tokens == short_ref
+
+
+def test_no_prefetch_thread_on_a_device(tiny64, monkeypatch):
+    # The prefetch streams host weights into the CPU's cache; on a device it would launch array work
+    # from a second thread.
+    import decoding.model as model_module
+
+    made = []
+    monkeypatch.setattr(model_module._Prefetcher, "__init__", lambda self, *a, **k: made.append(self))
+    model, tok = tiny64
+    dev = model.to_device(xps, DEVICE)
+    dev.prefetch = True
+    ref = generate(model, tok, PROMPTS, max_new_tokens=4)
+    assert generate(dev, tok, PROMPTS, max_new_tokens=4).tokens == ref.tokens and made == []

@@ -127,7 +127,8 @@ def shift_down(A, shifts):
     xp = array_namespace(A)
     half = shifts // 2
     for part in (half, shifts - half):
-        A = A * xp.asarray(np.ldexp(1.0, -part), device=array_api_compat.device(A))
+        # in A's dtype: a float64 factor made a float32 A's product float64
+        A = A * xp.asarray(np.ldexp(1.0, -part), dtype=A.dtype, device=array_api_compat.device(A))
     return A
 
 

@@ -292,6 +292,18 @@ def test_device_sums_that_overflow_are_scaled_as_on_the_host(kind):
     np.testing.assert_array_equal(got, ref)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exact_scaling_on_a_device_keeps_the_dtype(dtype):
+    # The CUDA sparse kernels sum float32 in float32, so their overflow rescue scales float32 device
+    # arrays: the factors were float64, and the product came back float64.
+    from rsketch._exact_scaling import shift_down
+
+    A = np.array([[3.0, 1.0], [-6.0, 2.0]], dtype=dtype)
+    got = shift_down(on_device(A), np.array([100, -90]))
+    assert got.dtype == on_device(A).dtype
+    np.testing.assert_array_equal(host(got), np.ldexp(A, -np.array([100, -90])))
+
+
 DEVICE_MADE_OPERATORS = {
     "countsketch": lambda n, r: rsketch.CountSketch(n, r, seed=3),
     "sparse_sign": lambda n, r: rsketch.SparseSign(n, r, seed=3),

@@ -9,7 +9,7 @@ Philox words, the FWHT and every product of exact terms must be bitwise equal; G
 
 A second subprocess (without the simulator) compiles every kernel to PTX for sm_80 through NVVM, the
 check that the kernels also type and compile for a real GPU; it needs libnvvm and libnvrtc
-(``pip install "numba-cuda[cu13]"``) and is skipped, saying so, where they are missing.
+(the test extra brings them on Linux) and is skipped, saying so, where they are missing.
 """
 
 from __future__ import annotations
@@ -504,7 +504,10 @@ def probe() -> None:
         try:
             pathfinder.load_nvidia_dynamic_lib(lib)
         except Exception as exc:
-            print(f"lib{lib} not found ({type(exc).__name__}); pip install 'numba-cuda[cu13]' for this check")
+            print(
+                f"lib{lib} not found ({type(exc).__name__}); pip install nvidia-cuda-nvcc-cu12 "
+                "nvidia-cuda-nvrtc-cu12 (the test extra) for this check"
+            )
             raise SystemExit(1) from None
 
 

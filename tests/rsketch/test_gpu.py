@@ -63,6 +63,19 @@ def test_device_product_matches_cpu(cp, kind, n, dtype):
         assert np.linalg.norm(got - ref) <= rtol * np.linalg.norm(ref)
 
 
+@pytest.mark.parametrize("kind", ["countsketch", "sparse_sign", "srht", "uniform", "gaussian"])
+def test_device_product_on_a_non_blocking_stream(cp, kind):
+    # The kernels launch on CuPy's current stream: on numba's default stream, a non-blocking stream's
+    # work before and after them (the sort of the buckets, reading the result) would not wait for them.
+    S = KINDS[kind](200_000)
+    A = np.random.default_rng(3).standard_normal((200_000, 9))
+    with cp.cuda.Stream(non_blocking=True) as stream:
+        got = S @ cp.asarray(A)
+        got = got.get(stream=stream)
+        stream.synchronize()
+    np.testing.assert_allclose(got, S @ A, rtol=1e-12, atol=1e-9)
+
+
 def test_vector_and_fortran_input(cp):
     S = rsketch.SparseSign(3000, 100, seed=0)
     x = np.random.default_rng(1).standard_normal(3000)

@@ -36,8 +36,19 @@ def array_module(a):
     return np
 
 
-def _grid(n_items):
-    return max(1, min(_MAX_BLOCKS, -(-n_items // _THREADS))), _THREADS
+def _grid(n_items, like):
+    """``(blocks, threads, stream)`` of a launch over ``n_items`` on the arrays of ``like``'s library."""
+    return max(1, min(_MAX_BLOCKS, -(-n_items // _THREADS))), _THREADS, _launch_stream(like)
+
+
+def _launch_stream(like):
+    """CuPy's current stream where ``like`` is a CuPy array and that stream is not the default one, so
+    that a kernel runs in order with the CuPy work before and after it (numba launches on the legacy
+    default stream, which a non-blocking stream does not wait for); else 0, the default stream."""
+    if array_module(like) is np:
+        return 0  # NumPy arrays: the simulator
+    current = array_module(like).cuda.get_current_stream().ptr
+    return cuda.external_stream(current) if current else 0
 
 
 # ------------------------------------------------------------------------------------- Philox
@@ -61,7 +72,7 @@ def _philox_words_kernel(k0, k1, start, n_blocks, stream, out):
 def philox_words(k0, k1, start, count, n_blocks, stream, xp=np):
     """Words ``out[i, b, :]`` of counter ``(start + i, block b, stream)``: (count, n_blocks, 4) uint32."""
     out = xp.empty((count, n_blocks, 4), dtype=np.uint32)
-    _philox_words_kernel[_grid(count * n_blocks)](k0, k1, start, n_blocks, stream, out)
+    _philox_words_kernel[_grid(count * n_blocks, out)](k0, k1, start, n_blocks, stream, out)
     return out
 
 
@@ -97,7 +108,7 @@ def gaussian_columns(k0, k1, start, stop, r, stream, out, X):
 
     ``X`` is ``rsketch._random.ZIG_X`` in ``out``'s namespace; ``out`` is (stop - start, r) float64.
     """
-    _gaussian_columns_kernel[_grid(stop - start)](k0, k1, start, r, stream, out, X)
+    _gaussian_columns_kernel[_grid(stop - start, out)](k0, k1, start, r, stream, out, X)
 
 
 # ------------------------------------------------------------------------------------- sparse sign
@@ -118,7 +129,7 @@ def sparse_pattern(k0, k1, start, stop, s, r, stream, xp=np):
     m = stop - start
     rows = xp.empty(m * s, dtype=np.int64)
     signs = xp.empty(m * s, dtype=np.float64)
-    _sparse_pattern_kernel[_grid(m * s)](k0, k1, start, s, r, stream, rows, signs)
+    _sparse_pattern_kernel[_grid(m * s, rows)](k0, k1, start, s, r, stream, rows, signs)
     return rows.reshape(m, s), signs.reshape(m, s)
 
 
@@ -174,7 +185,7 @@ def sparse_adjoint(k0, k1, s, r, stream, scale, Z, out):
     """``out = scale * S.T @ Z`` for the unscaled sparse sign pattern ``S`` (r, n) and a dense (r, k) ``Z``;
     ``out`` (n, k) of ``Z``'s dtype. A gather (no atomics): the CPU kernel's bits."""
     n, k = out.shape
-    _sparse_adjoint[np.dtype(Z.dtype)][_grid(n * k)](k0, k1, s, r, stream, scale, Z, out)
+    _sparse_adjoint[np.dtype(Z.dtype)][_grid(n * k, Z)](k0, k1, s, r, stream, scale, Z, out)
 
 
 # Rows of A hashed per pass of sparse_apply_dense: the pattern, sort keys and order of one pass
@@ -213,7 +224,7 @@ def sparse_apply_dense(k0, k1, s, r, stream, A, acc):
         m = min(n, j0 + step) - j0
         rows, signs = sparse_pattern(k0, k1, j0, j0 + m, s, r, stream, xp)
         order, starts = bucket_order(rows.reshape(-1), r, xp)
-        kernel[_grid(r * k)](s, order, starts, signs.reshape(-1), A, j0, acc)
+        kernel[_grid(r * k, acc)](s, order, starts, signs.reshape(-1), A, j0, acc)
 
 
 def _make_bucket_scatter_csr(ftype):
@@ -254,7 +265,7 @@ def sparse_apply_csr(k0, k1, s, r, stream, indptr, indices, data, n, k, acc):
         m = min(n, j0 + step) - j0
         rows, signs = sparse_pattern(k0, k1, j0, j0 + m, s, r, stream, xp)
         order, starts = bucket_order(rows.reshape(-1), r, xp)
-        kernel[_grid(r)](s, order, starts, signs.reshape(-1), indptr, indices, data, j0, acc)
+        kernel[_grid(r, acc)](s, order, starts, signs.reshape(-1), indptr, indices, data, j0, acc)
 
 
 # ------------------------------------------------------------------------------------- FWHT / SRHT
@@ -363,13 +374,14 @@ def fwht_columns(X):
     if not c_fast and X.strides[1] == X.itemsize and np.dtype(X.dtype) in _fwht_shared:
         size = min(n, _FWHT_SHARED)
         blocks = k * (n // size)
-        _fwht_shared[np.dtype(X.dtype)][max(1, min(_MAX_BLOCKS, blocks)), _THREADS](X, size)
+        launch = max(1, min(_MAX_BLOCKS, blocks)), _THREADS, _launch_stream(X)
+        _fwht_shared[np.dtype(X.dtype)][launch](X, size)
         h = size
     while 4 * h <= n:
-        _fwht_radix4_kernel[_grid(k * n // 4)](X, h, c_fast)
+        _fwht_radix4_kernel[_grid(k * n // 4, X)](X, h, c_fast)
         h *= 4
     if h < n:
-        _fwht_level_kernel[_grid(k * n // 2)](X, h, c_fast)
+        _fwht_level_kernel[_grid(k * n // 2, X)](X, h, c_fast)
 
 
 @cuda.jit
@@ -418,9 +430,9 @@ def srht_apply(k0, k1, stream, n_pad, rows, scale, A, out):
     for c0 in range(0, k, group):
         g = min(group, k - c0)
         buf = xp.empty((g, n_pad), dtype=A.dtype)
-        _signed_transpose_kernel[_grid(g * n_pad)](k0, k1, stream, A, c0, buf)
+        _signed_transpose_kernel[_grid(g * n_pad, buf)](k0, k1, stream, A, c0, buf)
         fwht_columns(buf)
-        _gather_rows_t_kernel[_grid(rows.shape[0] * g)](buf, rows, scale, c0, out)
+        _gather_rows_t_kernel[_grid(rows.shape[0] * g, out)](buf, rows, scale, c0, out)
 
 
 @cuda.jit
@@ -436,7 +448,7 @@ def _signs_kernel(k0, k1, start, stream, out):
 def lane_signs(k0, k1, start, stop, stream, xp=np):
     """The diagonal signs ``D[start:stop]`` (float64 +-1) of SRHT/SRDCT."""
     out = xp.empty(stop - start, dtype=np.float64)
-    _signs_kernel[_grid(stop - start)](k0, k1, start, stream, out)
+    _signs_kernel[_grid(stop - start, out)](k0, k1, start, stream, out)
     return out
 
 
@@ -454,7 +466,7 @@ def _uniform_indices_kernel(k0, k1, bound, stream, out):
 def uniform_indices(k0, k1, count, bound, stream, xp=np):
     """``count`` independent, exactly uniform integers in ``[0, bound)`` (int64), as the CPU kernel."""
     out = xp.empty(count, dtype=np.int64)
-    _uniform_indices_kernel[_grid(count)](k0, k1, bound, stream, out)
+    _uniform_indices_kernel[_grid(count, out)](k0, k1, bound, stream, out)
     return out
 
 
@@ -471,7 +483,7 @@ def _gather_kernel(A, idx, scales, out):
 
 def gather_rows(A, idx, scales, out):
     """``out[i] = A[idx[i]] * scales[i]`` (``scales`` in A's dtype): the sampling sketches' product."""
-    _gather_kernel[_grid(out.size)](A, idx, scales, out)
+    _gather_kernel[_grid(out.size, out)](A, idx, scales, out)
 
 
 # ------------------------------------------------------------------ careful residual gradient
@@ -644,10 +656,10 @@ def residual_gradient(X, Y, B, nchunks, accuracy):
     lo = xp.zeros((nchunks, k, p))
     nrm = xp.zeros((nchunks, k))
     exact = accuracy == "exact"
-    _residual_gradient_chunks_kernel[_grid(nchunks * k)](X, Y, Bt, exact, hi, lo, nrm)
+    _residual_gradient_chunks_kernel[_grid(nchunks * k, hi)](X, Y, Bt, exact, hi, lo, nrm)
     out = xp.empty((p, k))
     norms = xp.empty(k)
-    _chunk_sum_kernel[_grid(k * p)](hi, lo, nrm, out, norms)
+    _chunk_sum_kernel[_grid(k * p, out)](hi, lo, nrm, out, norms)
     return out, norms
 
 

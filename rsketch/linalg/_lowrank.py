@@ -448,7 +448,7 @@ def range_finder(
     passes=3,
     method="subspace",
     tol=None,
-    block_size=10,
+    block_size=None,
     error_probes=True,
     seed=None,
 ):
@@ -481,7 +481,10 @@ def range_finder(
         most ``tol`` (absolute, spectral norm), the basis holds ``A``'s range to rounding, or the
         basis has ``rank`` columns; in the last case, with the estimate above ``tol``, a
         :class:`~rsketch.ConvergenceWarning` gives it.
-    block_size : int, default 10
+    block_size : int, optional
+        With ``tol``, the adaptive step (10 by default). Without it, block Krylov's block
+        (``rank + oversample`` by default), as :func:`svd`'s; subspace iteration's block is always
+        ``rank + oversample``, and a ``block_size`` given for it is a ``ValueError``.
     error_probes : bool, default True
         Compute ``error_estimate`` from 10 Gaussian vectors, multiplied by ``A`` in the first
         product from ``A`` (no pass of their own; one more pass for Dask input and with ``tol``).
@@ -501,10 +504,49 @@ def range_finder(
     True
     """
     A, dtype = _check_matrix(A, dask=True, device=True)
+    rank = _check_rank(rank, *A.shape)
+    check_option(method, "method", RANGE_METHODS)
+    block_size = _check_block_size(block_size, method, tol)
+    oversample = check_int(oversample, "oversample", minimum=0)
+    krylov_width = _krylov_width(A, block_size, tol, rank, oversample)
+    adaptive_step = ADAPTIVE_STEP if block_size is None or tol is None else block_size
     found, _ = _find_range(
-        A, dtype, rank, sketch, oversample, passes, method, tol, block_size, error_probes, seed
-    )
+        A, dtype, rank, sketch, oversample, passes, method, tol, adaptive_step, error_probes, seed,
+        krylov_width=krylov_width,
+    )  # fmt: skip
     return found
+
+
+#: The adaptive range finder's default step: columns added per block.
+ADAPTIVE_STEP = 10
+
+
+def _check_block_size(block_size, method, tol):
+    """``block_size`` checked: block Krylov's block without ``tol``, the adaptive step with it; given
+    for subspace iteration without ``tol``, where nothing would use it, a ``ValueError``."""
+    if block_size is None:
+        return None
+    block_size = check_int(block_size, "block_size", minimum=1)
+    if method == "subspace" and tol is None:
+        raise ValueError(
+            "block_size sets block Krylov's block (or, with tol, the adaptive step); subspace "
+            "iteration's block is rank + oversample: leave block_size out or use method='block_krylov'"
+        )
+    return block_size
+
+
+def _krylov_width(A, block_size, tol, rank, oversample):
+    """Block Krylov's block where ``block_size`` gives it (no ``tol``), else None; a block below
+    ``rank + oversample`` is for in-memory input only."""
+    if block_size is None or tol is not None:
+        return None
+    m, n = A.shape
+    if (is_dask_array(A) or is_non_numpy_array(A)) and block_size < min(rank + oversample, m, n):
+        raise ValueError(  # their block Krylov stops at a spent space with the blocks it has
+            f"block_size={block_size} below rank + oversample is available for in-memory input; "
+            "for Dask or device input give block_size >= rank + oversample, or leave it out"
+        )
+    return block_size
 
 
 #: The most passes over ``A`` any low-rank function takes. Subspace iteration's error falls as
@@ -602,6 +644,11 @@ def _find_range(
         tol = check_real(tol, "tol")
         if not (tol > 0 and math.isfinite(tol)):
             raise ValueError(f"tol must be a finite number > 0, got {tol}")
+        if isinstance(sketch, SketchOperator):  # one operator would be every block, the last too
+            raise ValueError(
+                "tol draws a new test block for each step (of block_size columns, the last one "
+                "narrower): give sketch as a kind name, not an operator"
+            )
         _check_sketch(sketch, n if passes % 2 else m, min(block_size, rank))  # before the plan
         # rounds not known ahead: A @ W for the probes, then one block's scatters times as many
         # blocks as may come, then svd's
@@ -908,7 +955,7 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
     est = scale * norm_estimate
     blocks = max(1, -(-max_rank // block_size))
     children = seeds[0].spawn(blocks + ADAPTIVE_RETRIES)
-    at_rounding, retries = False, 0
+    at_rounding, stalled, retries = False, False, 0
     rounding = scale * max(m, n) * np.finfo(dtype).eps * norm_estimate  # the estimate at rounding level
     for child in children:
         if est <= tol or Q.shape[1] >= max_rank:
@@ -923,8 +970,11 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
             # stopped at 9 of 10 columns, the error 13.9, with no warning), so draw another
             retries += 1
             continue
-        if Y is None:  # A's range is in Q to rounding: another block would add only noise
-            at_rounding = True
+        if Y is None:  # A's range is in Q to rounding (another block would add only noise), or the
+            # draws keep missing what the probes see: after 8 retries, a uniform test matrix of 2
+            # columns still missed 3 of 5 nonzero columns of A (error 11, estimate 266, no warning)
+            at_rounding = est <= ADAPTIVE_RETRY_ABOVE * rounding
+            stalled = not at_rounding
             break
         Q = np.hstack([Q, Y])
         R = R - Y @ (Y.T @ R)
@@ -934,7 +984,15 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
     # error itself meets): found so (no new direction), a basis of all min(m, n) columns, or an
     # estimate at the probes' rounding. One cut short by rank is not.
     at_rounding = at_rounding or Q.shape[1] >= min(m, n) or est <= rounding
-    if est > tol and not at_rounding:
+    if stalled and est > tol:
+        warnings.warn(
+            f"the adaptive range finder stopped at {Q.shape[1]} columns: {retries + 1} {sketch!r} test "
+            f"blocks in a row found no new direction, while its error estimate is {est:.3g} "
+            f"(tol={tol:g}); they miss part of A's range: use sketch='gaussian' or 'sparse_sign'",
+            _results.ConvergenceWarning,
+            stacklevel=4,  # the caller of range_finder or svd
+        )
+    elif est > tol and not at_rounding:
         warnings.warn(
             f"the adaptive range finder stopped at rank={max_rank} columns: raise rank (error estimate "
             f"{est:.3g}, tol={tol:g})",
@@ -1014,25 +1072,13 @@ def svd(
     m, n = A.shape
     rank = _check_rank(rank, m, n)
     check_option(method, "method", RANGE_METHODS)
-    if block_size is not None:
-        block_size = check_int(block_size, "block_size", minimum=1)
-        if method == "subspace" and tol is None:
-            raise ValueError(
-                "block_size sets block Krylov's block (or, with tol, the adaptive step); subspace "
-                "iteration's block is rank + oversample: leave block_size out or use "
-                "method='block_krylov'"
-            )
+    block_size = _check_block_size(block_size, method, tol)
     oversample = check_int(oversample, "oversample", minimum=0)
     error_probes = check_bool(error_probes, "error_probes")
     flip_sign = check_bool(flip_sign, "flip_sign")
-    krylov_width = block_size if tol is None else None
+    krylov_width = _krylov_width(A, block_size, tol, rank, oversample)
     args = (rank, sketch, oversample, passes, method, tol, error_probes, flip_sign, seed, dtype, t0)
     if is_dask_array(A) or is_non_numpy_array(A):
-        if krylov_width is not None and krylov_width < min(rank + oversample, m, n):
-            raise ValueError(  # their block Krylov stops at a spent space with the blocks it has
-                f"block_size={krylov_width} below rank + oversample is available for in-memory input; "
-                "for Dask or device input give block_size >= rank + oversample, or leave it out"
-            )
         svd_on = _dask_svd if is_dask_array(A) else _array_svd
         return svd_on(A, *args, krylov_width)
     check_seed(seed)
@@ -1048,7 +1094,7 @@ def svd(
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), cols, dtype)
-    adaptive_step = 10 if block_size is None or tol is None else block_size
+    adaptive_step = ADAPTIVE_STEP if block_size is None or tol is None else block_size
     # M comes back with the range finder's scatter plan, where it made one, for the finish's products
     found, M = _find_range(
         M, dtype, rank, sketch, oversample, passes, method, tol, adaptive_step, False, seed, keep, probes,
@@ -1139,6 +1185,8 @@ def _sparse_finish(M, Q, k, gram=None):
     True
     """
     l = Q.shape[1]
+    if l == 0:  # an adaptive basis of no column (A = 0, or tol above ||A||): nothing to factor
+        return Q, np.zeros(0, Q.dtype), np.zeros((0, M.shape[1]), Q.dtype), 0
     k = min(k, l)
     Bt, passes = None, 0
     if gram is None:

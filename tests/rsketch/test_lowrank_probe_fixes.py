@@ -310,3 +310,53 @@ def test_messages_name_what_the_caller_chose():
     X = np.random.default_rng(0).standard_normal((100, 20))
     with pytest.raises(ValueError, match=r"sketch must have at least n = 20 rows .* got \(5, 100\)"):
         rsketch.qr_pivoted(X, sketch=rsketch.make_sketch("gaussian", 100, 5, seed=0))
+
+
+def test_adaptive_blocks_that_keep_missing_the_range_warn():
+    # Uniform test columns of a matrix with 5 nonzero columns in 1,000: after 8 draws that found no
+    # new direction, the finder took its basis for A's range, with the error 11 and its estimate 266,
+    # and said nothing.
+    rng = np.random.default_rng(0)
+    A = np.zeros((100, 1000))
+    A[:, rng.choice(1000, 5, replace=False)] = rng.standard_normal((100, 5))
+    with pytest.warns(rsketch.ConvergenceWarning, match="found no new direction.*sketch='gaussian'"):
+        res = rsketch.range_finder(A, 20, tol=1e-8, sketch="uniform", block_size=2, seed=0)
+    assert res.error_estimate > 1e-8
+    good = rsketch.range_finder(A, 20, tol=1e-8, sketch="gaussian", block_size=2, seed=0)
+    assert np.linalg.norm(A - good.Q @ (good.Q.T @ A), 2) <= 1e-8
+
+
+def test_adaptive_finder_refuses_an_operator():
+    # One operator served every block: the same draw again on a retry, and a shape error at the last,
+    # narrower block.
+    B = np.random.default_rng(0).standard_normal((200, 150))
+    S = rsketch.make_sketch("gaussian", 150, 7, seed=0)
+    for call in (
+        lambda: rsketch.range_finder(B, 30, tol=1e-10, sketch=S, passes=3, block_size=7),
+        lambda: rsketch.svd(B, 30, tol=1e-10, sketch=S, passes=1, block_size=7),
+    ):
+        with pytest.raises(ValueError, match="tol draws a new test block.*kind name"):
+            call()
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+@pytest.mark.parametrize("shape", [(20, 10), (10, 20)])
+def test_sparse_svd_of_an_empty_adaptive_basis(fmt, shape):
+    # A sparse A whose adaptive basis had no column: "cond is not defined on empty arrays".
+    import scipy.sparse as sp
+
+    A = sp.random(*shape, density=0.3, format=fmt, random_state=0)
+    for M, tol in ((A * 0, 1e-8), (A, 1e300)):
+        res = rsketch.svd(M, 5, tol=tol, seed=0)
+        assert res.U.shape == (shape[0], 0) and res.s.shape == (0,) and res.Vt.shape == (0, shape[1])
+
+
+def test_range_finder_takes_block_size_as_svd_does():
+    # Without tol, range_finder ignored block_size: a block Krylov space of rank + oversample columns
+    # a block, whatever was asked.
+    B = np.random.default_rng(0).standard_normal((200, 150))
+    res = rsketch.range_finder(B, 5, method="block_krylov", passes=9, block_size=3, seed=0)
+    assert res.Q.shape == (200, 15)  # five blocks of 3
+    assert rsketch.range_finder(B, 5, method="block_krylov", passes=9, seed=0).Q.shape == (200, 75)
+    with pytest.raises(ValueError, match="subspace iteration's block is rank \\+ oversample"):
+        rsketch.range_finder(B, 5, method="subspace", block_size=3, seed=0)

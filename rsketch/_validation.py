@@ -157,7 +157,7 @@ def _float_dtype_for_namespace(A, name: str) -> np.dtype:
     raise TypeError(f"{name} must be a numeric (real) array; got dtype {A.dtype}")
 
 
-def _plain_ndarray(A, name: str) -> np.ndarray:
+def plain_ndarray(A, name: str) -> np.ndarray:
     """An ndarray subclass as a base-class ndarray; a masked array with masked entries is refused.
 
     The kernels use ``*`` as elementwise product, which ``np.matrix`` makes a matrix product;
@@ -165,9 +165,9 @@ def _plain_ndarray(A, name: str) -> np.ndarray:
 
     Examples
     --------
-    >>> type(_plain_ndarray(np.ma.masked_array([[1.0], [2.0]]), "A")).__name__  # nothing masked
+    >>> type(plain_ndarray(np.ma.masked_array([[1.0], [2.0]]), "A")).__name__  # nothing masked
     'ndarray'
-    >>> _plain_ndarray(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "A")
+    >>> plain_ndarray(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "A")
     Traceback (most recent call last):
     ...
     TypeError: A is a masked array with masked entries, which rsketch cannot honour: pass A.filled(value)...
@@ -296,7 +296,7 @@ def check_operand(
             check_finite(A, name)
         return A, sparse_vector
     if isinstance(A, np.ndarray) and type(A) is not np.ndarray:
-        A = _plain_ndarray(A, name)
+        A = plain_ndarray(A, name)
     # CuPy's arrays have no __array_namespace__ (array_api_compat wraps CuPy) and refuse np.asarray
     if not (isinstance(A, np.ndarray) or hasattr(A, "__array_namespace__") or array_library(A) == "cupy"):
         try:
@@ -343,7 +343,7 @@ def check_real_vector(value, length: int, name: str) -> np.ndarray:
     ValueError: beta contains NaN or infinite values
     """
     if isinstance(value, np.ma.MaskedArray):
-        value = _plain_ndarray(value, name)
+        value = plain_ndarray(value, name)
     if sp.issparse(value):  # np.asarray made it a 0-d object array: "got dtype object"
         raise TypeError(
             f"{name} must be a dense 1-D array, got a sparse {type(value).__name__}: pass {name}.toarray()"

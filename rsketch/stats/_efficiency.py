@@ -45,6 +45,7 @@ from rsketch._validation import (
     check_real_vector,
     check_sketch_kind,
     check_sparse_structure,
+    plain_ndarray,
     seed_sequence,
 )
 from rsketch.linalg._array_design import checked_float64
@@ -232,6 +233,8 @@ def _check_design(X) -> np.ndarray:
             )
         return checked_float64(X, "X")
     if not sp.issparse(X):
+        if isinstance(X, np.ma.MaskedArray):  # its hidden values had been read as data
+            X = plain_ndarray(X, "X")
         try:
             X = np.asarray(X)
         except (TypeError, ValueError) as exc:
@@ -682,7 +685,8 @@ def efficiency(
     draw = _Draws(sketch, r, options, method, svd_x, y_parts, X, y, mean, sigma, n_noise)
     seeds = root.spawn(n_sketches)
     noise_seeds = root.spawn(n_sketches)  # the next children: independent of the sketch seeds
-    bar = tqdm(total=n_sketches, disable=not progress, desc=f"efficiency[{sketch}, r={r}]", leave=False)
+    # no tqdm at all without the bar: even disabled, tqdm starts its monitor thread, for the process' life
+    bar = tqdm(total=n_sketches, desc=f"efficiency[{sketch}, r={r}]", leave=False) if progress else _NoBar()
     try:
         draws = _run_draws(draw, seeds, noise_seeds, executor, bar)  # columns: PE, RE, WC, rank-deficient
     finally:
@@ -702,6 +706,16 @@ def efficiency(
         seed=seed,
         options=shown,
     )
+
+
+class _NoBar:
+    """The progress bar's two calls, doing nothing (``progress=False``)."""
+
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ the scale of X's columns, and a CQRRPT rank that depended on the sketch size."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -236,3 +238,30 @@ def test_efficiency_offers_only_the_options_it_can_take():
         TypeError, match=r"unknown option\(s\) \['bogus'\] .* allowed: \['dtype', 'scores', 'uniform_mix'\]$"
     ):
         rsketch.efficiency(X, sketch="leverage", sketch_size=100, n_sketches=2, seed=0, bogus=1)
+
+
+def test_efficiency_refuses_a_masked_x():
+    # np.asarray dropped the mask: the hidden row of 1e6 was read as data (pe 6.5 for the clean 7.7),
+    # where y, beta and every other entry point refuse masked entries.
+    X = np.random.default_rng(0).standard_normal((200, 3))
+    masked = np.ma.masked_array(X.copy(), mask=np.zeros_like(X, bool))
+    masked.data[0] = [1e6, -1e6, 1e6]
+    masked.mask[0] = True
+    with pytest.raises(TypeError, match="X is a masked array with masked entries"):
+        rsketch.efficiency(masked, sketch="leverage", sketch_size=30, n_sketches=2, seed=0)
+    kw = dict(sketch="leverage", sketch_size=30, n_sketches=2, seed=0)
+    same = rsketch.efficiency(np.ma.masked_array(X), **kw)  # nothing masked: the plain array's result
+    np.testing.assert_array_equal(same.draws("pe"), rsketch.efficiency(X, **kw).draws("pe"))
+
+
+def test_efficiency_without_progress_starts_no_thread():
+    # tqdm(disable=True) still started tqdm's monitor thread, left for the life of the process.
+    code = (
+        "import threading, numpy as np, rsketch\n"
+        "X = np.random.default_rng(0).standard_normal((200, 3))\n"
+        "rsketch.efficiency(X, sketch='gaussian', sketch_size=30, n_sketches=3, seed=0)\n"
+        "print(sorted(t.name for t in threading.enumerate()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['MainThread']"

@@ -227,6 +227,30 @@ def key_from_seed(seed) -> tuple[int, int]:
     return int(words[0]), int(words[1])
 
 
+def check_key(key, name: str = "key") -> tuple[int, int]:
+    """``key`` as a Philox key: two integers in ``[0, 2**32)`` (``TypeError``/``ValueError`` naming ``name``).
+
+    Examples
+    --------
+    >>> check_key((1, np.uint32(2)))
+    (1, 2)
+    >>> check_key((1.9, 1))
+    Traceback (most recent call last):
+    ...
+    TypeError: key must be two integers in [0, 2**32) (a Philox key, as key_from_seed gives), got (1.9, 1)
+    """
+    message = f"{name} must be two integers in [0, 2**32) (a Philox key, as key_from_seed gives), got {key!r}"
+    if (
+        not isinstance(key, (tuple, list))
+        or len(key) != 2
+        or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in key)
+    ):
+        raise TypeError(message)
+    if not all(0 <= int(w) < 2**32 for w in key):
+        raise ValueError(message)
+    return int(key[0]), int(key[1])
+
+
 def derive_key(key: tuple[int, int], purpose: int) -> tuple[int, int]:
     """A new key for a sub-computation, as a pure function of ``key`` and ``purpose``."""
     w = philox4x32(np, np.uint64(purpose), np.uint64(0), np.uint64(0), np.uint64(0xFFFFFFFF), key)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import scipy.linalg
 
-from rsketch._random import derive_key, key_from_seed
+from rsketch._random import check_key, derive_key, key_from_seed
 from rsketch._validation import MAX_INDEX, check_allocation, check_float_dtype, check_int
 from rsketch.dask._sketch import check_dask_operand
 from rsketch.operators.gaussian import GaussianSketch
@@ -37,6 +37,8 @@ def approximate_leverage(A, key) -> np.ndarray:
     >>> bool(np.allclose(s, in_memory(A, (1, 2)), rtol=1e-9))
     True
     """
+    A, _ = check_dask_operand(A, None, "A")
+    key = check_key(key)
     A = A.rechunk({1: -1})  # the second pass multiplies whole rows by Omega (a no-op if one chunk)
     n, p = A.shape
     r1 = min(n, 4 * p + 64)

@@ -59,6 +59,11 @@ def _check_numpy_chunks(A, name: str):
     fail to build their meta (``S @ A`` of a sampling sketch, ``lstsq``, ``svd``, the estimators and
     ``leverage_sampling`` raised NumPy's shape errors); in memory such an ``A`` is a plain array too.
     """
+    if not is_dask_array(A):  # rsketch.dask's functions take Dask arrays; NumPy's met AttributeErrors
+        raise TypeError(
+            f"{name} must be a dask.array.Array, got {type(A).__name__}; for in-memory data use the "
+            "functions of rsketch itself"
+        )
     meta = A._meta
     if type(meta) is np.ndarray:
         return A

@@ -14,6 +14,7 @@ from rsketch._random import (
     STREAM_SAMPLE,
     STREAM_SELECT,
     bounded_exact,
+    check_key,
     derive_key,
     key_from_seed,
     random_words,
@@ -414,6 +415,7 @@ def approximate_leverage(A, key) -> np.ndarray:
     >>> bool(abs(approximate_leverage(A, (1, 2)).sum() - 4) < 1)
     True
     """
+    key = check_key(key)
     n, p = A.shape
     r1 = min(n, 4 * p + 64)
     r2 = max(32, math.ceil(4 * math.log(n)))

@@ -260,3 +260,35 @@ def test_lstsq_on_dask_refuses_a_first_pass_too_large_for_memory():
     X, y = da.ones((1000, 2), chunks=(500, 2)), da.ones(1000, chunks=500)
     with pytest.raises(MemoryError, match=r"first pass over a Dask X \(1000 x 2\) with sketch_size=1099511"):
         rsketch.lstsq(X, y, sketch="gaussian", sketch_size=2**40)
+
+
+def test_from_npy_refuses_what_is_not_one_real_array(tmp_path):
+    from rsketch.dask import from_npy
+    from rsketch.dask._io import MAX_CHUNKS
+
+    np.savez(tmp_path / "a.npz", x=np.ones((4, 2)))  # had met "'NpzFile' object has no attribute 'ndim'"
+    with pytest.raises(ValueError, match=r"path must be a \.npy file.*NpzFile"):
+        from_npy(tmp_path / "a.npz", chunk_rows=2)
+    np.save(tmp_path / "c.npy", np.ones((4, 2), dtype=complex))
+    with pytest.raises(TypeError, match="path must hold real numbers, got dtype complex128"):
+        from_npy(tmp_path / "c.npy", chunk_rows=2)
+    # one task a row: 200,000 rows had taken 59 s and 1.2 GB to build the graph
+    np.save(tmp_path / "tall.npy", np.zeros((MAX_CHUNKS + 1, 1)))
+    with pytest.raises(ValueError, match=r"chunk_rows=1 makes 100,001 chunks.*chunk_rows >= 2"):
+        from_npy(tmp_path / "tall.npy", chunk_rows=1)
+
+
+def test_approximate_leverage_checks_its_arguments():
+    from rsketch.dask import approximate_leverage
+
+    A = da.from_array(np.random.default_rng(0).standard_normal((100, 3)), chunks=30)
+    # (1.9, 1) had given the scores of (1, 1), (2**32, 1) those of (0, 1), and (1, 2, 3) those of (1, 2)
+    bad = (((1.9, 1), TypeError), ((2**32, 1), ValueError), ((1, 2, 3), TypeError), (0, TypeError))
+    for key, error in bad:
+        with pytest.raises(error, match="key must be two integers"):
+            approximate_leverage(A, key)
+    with pytest.raises(TypeError, match="A must be a dask.array.Array, got ndarray"):
+        approximate_leverage(np.ones((10, 2)), (1, 2))  # had been "no attribute 'rechunk'"
+    np.testing.assert_allclose(
+        approximate_leverage(A, (1, 2)), approximate_leverage(A, (np.uint32(1), np.int64(2))), rtol=0
+    )

@@ -218,6 +218,14 @@ def main(argv=None) -> int:
         command.error(f"--batch must be >= 1, got {args.batch}")
     if args.command == "generate" and args.max_draft < 1:  # whatever --method
         command.error(f"--max-draft must be >= 1, got {args.max_draft}")
+    if args.command == "generate" and args.max_batch is not None:  # had been refused after the load
+        if args.max_batch < 1:
+            command.error(f"--max-batch must be >= 1, got {args.max_batch}")
+        if args.method == "vanilla" and args.max_batch < args.batch:
+            command.error(
+                f"--max-batch {args.max_batch} < --batch {args.batch} needs --method ems or "
+                "autoregressive: the padded (vanilla) layout takes every sample at once"
+            )
     try:
         return _generate(args) if args.command == "generate" else _demo(args)
     # FloatingPointError: non-finite logits (a model file whose weights overflow the activations)

@@ -279,6 +279,26 @@ def test_cli_max_draft_zero(tiny_path, capsys, monkeypatch, method):
     assert loaded == []  # refused before the model is loaded
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
+        (["--max-batch", "-1"], "error: --max-batch must be >= 1, got -1"),
+        (
+            ["--batch", "2", "--max-batch", "1", "--method", "vanilla"],
+            "--max-batch 1 < --batch 2 needs --method",
+        ),
+    ],
+)
+def test_cli_max_batch_is_checked_before_the_load(tiny_path, capsys, monkeypatch, flags, message):
+    # refused after the model's load and the warm-up generate, as "max_batch must be >= 1"
+    loaded = []
+    monkeypatch.setattr(cli, "load_model", lambda name: loaded.append(name))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "the", "--model", str(tiny_path[0]), *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err and loaded == []
+
+
 def test_cli_names_the_flag_at_fault_before_loading_or_allocating(tiny_path, capsys, monkeypatch):
     # --max-new-tokens past the context was reported as "--batch 1 ... would need 2095.48 TiB"
     args = ["generate", "the", "--model", str(tiny_path[0]), "--max-new-tokens", str(10**11)]

@@ -609,6 +609,8 @@ def test_device_csr_checks():
         check_device_csr(A.astype(np.complex128), 90)
     with pytest.raises(ValueError, match="A is empty"):
         check_device_csr(sp.csr_matrix((0, 3)), 0)
+    with pytest.raises(ValueError, match=r"A must be a 2-D sparse matrix on the device, got shape \(3,\)"):
+        check_device_csr(sp.csr_array(np.array([1.0, 0.0, 2.0])), 3)  # CuPy 14 has 1-D ones too
     before = A.data.copy()
     canonical = check_device_csr(A, 90)
     assert canonical.has_canonical_format and np.array_equal(A.data, before)  # the caller's matrix untouched

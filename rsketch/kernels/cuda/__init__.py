@@ -138,6 +138,11 @@ def check_device_csr(A, rows: int):
     >>> check_device_csr(A, 1).toarray()
     array([[0., 3.]])
     """
+    if len(A.shape) != 2:  # CuPy 14's 1-D csr_array: the kernels take rows and columns
+        raise ValueError(
+            f"A must be a 2-D sparse matrix on the device, got shape {A.shape}: give a vector as an "
+            f"({A.shape[0]}, 1) matrix (cupyx.scipy.sparse.csr_matrix)"
+        )
     if A.shape[0] != rows:
         raise ValueError(f"A must have {rows} rows (the sketch's input_dim), got shape {A.shape}")
     if 0 in A.shape:

@@ -88,6 +88,26 @@ def _require_dispatch(X, method):
         )
 
 
+def _without_dispatch(a, name, method):
+    """``a`` as scikit-learn's own estimators take it with array API dispatch off: another library's array
+    that NumPy converts (PyTorch's on the CPU) as a NumPy array, computed on the host; one it cannot
+    (CuPy's, a GPU tensor) a ``TypeError`` saying how to proceed. Under dispatch, ``a`` as it is.
+
+    scikit-learn's array API checks fit PyTorch CPU tensors without dispatch and expect this; a
+    ``TypeError`` for them had failed ``check_array_api_input`` wherever PyTorch is installed."""
+    if sklearn.get_config()["array_api_dispatch"] or not is_non_numpy_array(a):
+        return a
+    try:
+        return np.asarray(a)
+    except (TypeError, RuntimeError, ValueError):  # CuPy and CUDA tensors refuse implicit conversion
+        if name == "X":
+            _require_dispatch(a, method)
+        raise TypeError(
+            f"{name} is a {_library(a)} array that NumPy cannot convert: enable scikit-learn's array API "
+            "dispatch (sklearn.set_config(array_api_dispatch=True)), or pass a NumPy array"
+        ) from None
+
+
 def _follow(a, X):
     """``a`` (``y``, ``sample_weight``) moved to ``X``'s library and device, as scikit-learn does it."""
     if a is None or sp.issparse(a):
@@ -101,15 +121,18 @@ def _follow(a, X):
 
 def _on_host(a, name):
     """``a`` (``y``, ``sample_weight``) for a NumPy ``X``: another library's array moved to the host
-    under scikit-learn's array API dispatch (as ``Ridge`` does; it had met an AttributeError), else a
-    ``TypeError`` naming it."""
+    under scikit-learn's array API dispatch (as ``Ridge`` does; it had met an AttributeError); without
+    it, converted by NumPy where it can be, else a ``TypeError`` naming it."""
     if not is_non_numpy_array(a):
         return a
     if not sklearn.get_config()["array_api_dispatch"]:
-        raise TypeError(
-            f"{name} is a {_library(a)} array while X is a NumPy array: pass {name} as a NumPy array, or "
-            "enable scikit-learn's array API dispatch (sklearn.set_config(array_api_dispatch=True))"
-        )
+        try:
+            return np.asarray(a)  # a host library's array, as scikit-learn converts it
+        except (TypeError, RuntimeError, ValueError):
+            raise TypeError(
+                f"{name} is a {_library(a)} array while X is a NumPy array: pass {name} as a NumPy array, "
+                "or enable scikit-learn's array API dispatch (sklearn.set_config(array_api_dispatch=True))"
+            ) from None
     return np.asarray(to_host(a))
 
 
@@ -376,9 +399,9 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         """``(X, y, w)`` checked, float64. Arrays of another library (CuPy) stay in it under scikit-learn's
         array API dispatch, ``y`` and ``sample_weight`` moved to ``X``'s namespace and device as scikit-learn
         does; without dispatch they get a ``TypeError`` saying how to proceed."""
-        device_input = is_non_numpy_array(X)
+        X = _without_dispatch(X, "X", "fit")
+        device_input = is_non_numpy_array(X)  # under dispatch (else X is NumPy's now)
         if device_input:
-            _require_dispatch(X, "fit")
             y, sample_weight = (_follow(a, X) for a in (y, sample_weight))
         else:
             y, sample_weight = _on_host(y, "y"), _on_host(sample_weight, "sample_weight")
@@ -547,6 +570,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
                     f"is expecting {self.n_features_in_} features as input"
                 )
             return X.astype(np.float64) @ self.coef_.T + self.intercept_
+        X = _without_dispatch(X, "X", "predict")
         if is_non_numpy_array(X) or is_non_numpy_array(self.coef_):
             return self._predict_array_api(X)
         X = _validated(self, X, accept_sparse=("csr", "csc", "coo"), reset=False)
@@ -931,9 +955,8 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         return check_int(self.n_components, "n_components", minimum=1, maximum=min(n, p))
 
     def _fit(self, X):
-        device_input = is_non_numpy_array(X)
-        if device_input:  # CuPy: fitted on its device, under scikit-learn's array API dispatch
-            _require_dispatch(X, "fit")
+        X = _without_dispatch(X, "X", "fit")
+        device_input = is_non_numpy_array(X)  # CuPy: fitted on its device, under array API dispatch
         X = _validated(
             self,
             X,
@@ -1047,6 +1070,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         ndarray of shape (n_samples, n_components)
         """
         check_is_fitted(self)
+        X = _without_dispatch(X, "X", "transform")
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
             X = self._check_device_input(X, "transform", check_features=True)
             xp = array_api_compat.array_namespace(X)
@@ -1079,6 +1103,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         ndarray of shape (n_samples, n_features)
         """
         check_is_fitted(self)
+        X = _without_dispatch(X, "X", "inverse_transform")
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
             X = self._check_device_input(X, "inverse_transform", check_features=False)
         else:
@@ -1207,6 +1232,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         (3,)
         """
         xp, W, d, sigma2 = self._ppca()
+        X = _without_dispatch(X, "X", "score_samples")
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
             X = self._check_device_input(X, "score_samples", check_features=True)
         else:

@@ -205,10 +205,28 @@ def test_y_of_another_library_or_device_follows_X():
 
 
 def test_y_of_another_library_without_dispatch_names_y():
-    xps = pytest.importorskip("array_api_strict")
     X, y, _ = data()
     with pytest.raises(TypeError, match="y is a array_api_strict array while X is a NumPy array"):
-        SketchedLinearRegression(random_state=0).fit(X, xps.asarray(y))
+        SketchedLinearRegression(random_state=0).fit(X, on_device(y))  # NumPy cannot convert it
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS + PCAS, ids=lambda e: repr(e))
+def test_host_arrays_of_another_library_without_dispatch_are_converted(estimator):
+    # As scikit-learn's own estimators do with dispatch off, and as its check_array_api_input expects
+    # of PyTorch CPU tensors: NumPy converts them, and the fit is the NumPy fit. A TypeError for them
+    # had failed that check wherever PyTorch is installed. (Arrays on the stand-in's second device,
+    # which NumPy cannot convert, still get the TypeError that says how to turn dispatch on.)
+    xps = pytest.importorskip("array_api_strict")
+    X, y, _ = data()
+    ref = sklearn.base.clone(estimator).fit(X, y)
+    est = sklearn.base.clone(estimator).fit(xps.asarray(X), xps.asarray(y))
+    fitted = "coef_" if hasattr(ref, "coef_") else "components_"
+    assert isinstance(getattr(est, fitted), np.ndarray)
+    np.testing.assert_array_equal(getattr(est, fitted), getattr(ref, fitted))
+    method = "predict" if hasattr(ref, "predict") else "transform"
+    np.testing.assert_array_equal(getattr(est, method)(xps.asarray(X[:5])), getattr(ref, method)(X[:5]))
+    with pytest.raises(TypeError, match="array API dispatch"):
+        sklearn.base.clone(estimator).fit(on_device(X), y)
 
 
 @dispatch

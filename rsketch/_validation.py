@@ -8,7 +8,7 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-from rsketch._backend import array_library
+from rsketch._backend import array_library, array_namespace
 
 _SPARSE_OK = ("csr", "csc", "coo")
 
@@ -136,8 +136,6 @@ def check_finite(A, name: str = "A") -> None:
     if isinstance(data, np.ndarray):
         ok = _all_finite(data)
     else:
-        from rsketch._backend import array_namespace
-
         xp = array_namespace(data)
         ok = bool(xp.all(xp.isfinite(data)))
     if not ok:
@@ -145,8 +143,6 @@ def check_finite(A, name: str = "A") -> None:
 
 
 def _float_dtype_for_namespace(A, name: str) -> np.dtype:
-    from rsketch._backend import array_namespace
-
     xp = array_namespace(A)
     if xp.isdtype(A.dtype, "real floating"):
         return np.dtype(np.float32) if A.dtype == xp.float32 else np.dtype(np.float64)
@@ -319,8 +315,6 @@ def check_operand(
         if is_vector:
             A = A[:, None]
     else:
-        from rsketch._backend import array_namespace
-
         xp = array_namespace(A)
         A = xp.astype(A, getattr(xp, dt.name), copy=False)  # a copy of A is n k values on the device
         if is_vector:

@@ -105,7 +105,8 @@ if [ "$STAGE" != decoding ]; then
   # SCIPY_ARRAY_API=1: scikit-learn's array API dispatch (the estimators on CuPy) needs SciPy's.
   step "gpu tests (rsketch)" env SCIPY_ARRAY_API=1 RSKETCH_REQUIRE_GPU=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/rsketch/test_gpu.py
-  # scikit-learn's own array API checks of the estimators, which take CuPy where it runs.
+  # scikit-learn's own array API checks of the estimators, which take CuPy where it runs (and PyTorch
+  # on CUDA where its CUDA build is installed: a round rsketch does not support, docs/gpu.md).
   step "estimators under array API dispatch" env SCIPY_ARRAY_API=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider tests/rsketch/test_estimators_array_api.py
   step "benchmarks (sketch, lstsq)" "$PYTHON" -m benchmarks.gpu $QUICK --only sketch,lstsq

@@ -677,6 +677,13 @@ class Model:
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         if positions.size != T:
             raise ValueError(f"positions must have {T} entries, got {positions.size}")
+        # checked before any write: RoPE of a negative position or one past the trained context gave
+        # logits without an error
+        if T and (positions.min() < 0 or positions.max() >= cfg.context_length):
+            raise ValueError(
+                f"positions must lie in [0, {cfg.context_length}) (the model's context), got "
+                f"{int(positions.min())} to {int(positions.max())}"
+            )
 
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         xp = self.xp

@@ -87,6 +87,24 @@ def test_forward_refuses_float_tokens_ids_offsets_and_positions(model):
     assert cache.lengths.tolist() == [0, 0]
 
 
+def test_forward_refuses_positions_outside_the_context(model):
+    # RoPE of position -5 or 10**12 (or of a token past the context, where the cache had room) gave
+    # logits without a word
+    ctx = model.config.context_length
+    cache = model.new_cache(max_seqs=1, capacity=ctx + 4)
+    s = cache.allocate()
+    for positions in ([-5], [10**12], [ctx]):
+        with pytest.raises(ValueError, match=rf"positions must lie in \[0, {ctx}\)"):
+            model.forward([1], cache=cache, seq_ids=[s], cu_seqlens=[0, 1], positions=positions)
+    assert cache.lengths.tolist() == [0]
+    model.forward([1] * ctx, cache=cache, seq_ids=[s], cu_seqlens=[0, ctx])  # the whole context: fine
+    with pytest.raises(
+        ValueError, match="positions must lie in"
+    ):  # one token more, though the cache has room
+        model.forward([1], cache=cache, seq_ids=[s], cu_seqlens=[0, 1])
+    assert cache.lengths.tolist() == [ctx]
+
+
 def test_forward_refuses_sequences_the_cache_never_allocated(model):
     cache = model.new_cache(max_seqs=2, capacity=8)
     s = cache.allocate()

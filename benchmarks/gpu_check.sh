@@ -73,8 +73,8 @@ if [ "$STAGE" != rsketch ] && [ -z "$MODEL" ] && compgen -G "$WORK/parts/part.*"
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "nvidia-smi not found"
-"$PYTHON" - <<'EOF' || exit 1
-import importlib, platform, sys
+STAGE="$STAGE" "$PYTHON" - <<'EOF' || exit 1
+import importlib, os, platform, sys
 need = ["numpy", "scipy", "sklearn", "numba", "numba.cuda", "cupy", "array_api_compat", "tqdm",
         "threadpoolctl", "gguf", "tokenizers", "jinja2", "pytest", "hypothesis", "array_api_strict"]
 missing = []
@@ -88,8 +88,12 @@ print("Python", platform.python_version(), sys.executable)
 if missing:
     sys.exit("missing: " + "; ".join(missing) + ". Online: pip install -e '.[gpu,test]'. Offline: run "
              "benchmarks/gpu_prepare.sh where PyPI is reachable and bring .whl/ along.")
-from rsketch.kernels.cuda import require_gpu
-require_gpu()
+if os.environ["STAGE"] != "decoding":  # the sketch kernels: CuPy, numba-cuda and NumPy < 2.5
+    from rsketch.kernels.cuda import require_gpu
+    require_gpu()
+if os.environ["STAGE"] != "rsketch":  # the decoding engine: CuPy alone
+    from decoding.loading import cuda_namespace
+    cuda_namespace()
 print("GPU stack: ok")
 EOF
 

@@ -653,7 +653,9 @@ class Model:
         cu_seqlens : int array [B + 1]
             Offsets of each sequence's new tokens in ``tokens`` (0 first, T last; counts may be 0).
         positions : int array [T], optional
-            RoPE positions; default each sequence's cache length plus the token's offset.
+            RoPE positions; default each sequence's cache length plus the token's offset. Given
+            or not, they must lie in ``[0, config.context_length)`` (``ValueError`` otherwise, before
+            anything is written): a token past the context has no position the model was trained on.
         logits : {"all", "last", None}
             Logits for every new token ``[T, V]``, for each sequence's last new token ``[B, V]``
             (a sequence with no new tokens gives a row of NaN), or none (prefill of a drafter).

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, partial, wraps
 
 import numpy as np
@@ -726,7 +726,9 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
     two slots (its rejected draft and its pad) are hidden.
 
     >>> from decoding.kv_cache import KVCache
+    >>> import types
     >>> class Says7:
+    ...     config = types.SimpleNamespace(context_length=16)
     ...     def forward(self, batch, *, cache, **kw):
     ...         cache.advance(batch.seq_ids, np.diff(batch.cu_seqlens))
     ...         return np.eye(8)[np.full(batch.tokens.size, 7)]
@@ -750,6 +752,12 @@ def padded_step(model, cache, seq_ids, npos, last, drafts: list, judge, stats: S
         toks[j, 1 : 1 + n[j]] = drafts[j]
     key_valid[seq_ids, L : L + W] = np.arange(W)[None, :] < (1 + n)[:, None]
     batch = PackedBatch.from_lists(toks, seq_ids=seq_ids, start_positions=npos)  # [A W]
+    # A sample near the context's end pads past it (its pads run to W, the longest draft's width):
+    # pads are masked keys and their logits unread, so they take the last position of the context,
+    # which Model.forward accepts (positions past it are refused there).
+    last_position = model.config.context_length - 1
+    if batch.positions.max() > last_position:
+        batch = replace(batch, positions=np.minimum(batch.positions, last_position))
     t0 = time.perf_counter()
     logits = to_host(model.forward(batch, cache=cache, logits="all", key_valid=key_valid))
     seconds = time.perf_counter() - t0

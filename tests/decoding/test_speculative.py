@@ -945,3 +945,36 @@ def test_draft_step_back_off_by_what_happened():
         last, _Scripted({0: np.array([1]), 1: np.array([1])}), [1, 1], horizon=np.ones(2), stats=stats
     )
     assert last.should_propose()
+
+
+def test_vanilla_pads_near_the_end_of_the_context(tmp_path):
+    # A sample whose prompt and max_new_tokens fill the context runs ahead (its drafts accepted) while
+    # another still drafts 8 tokens: its pads ran past the context, and Model.forward's check of the
+    # positions stopped the call. Pads take the context's last position now (masked, logits unread).
+    from decoding import load_model
+    from decoding.drafters import Drafter, Proposal
+
+    from .tiny_llama import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "ctx40.gguf", context=40)
+    model, tok = load_model(tmp_path / "ctx40.gguf", dtype=np.float64)
+    prompts = [list(range(5, 35)), [5, 6, 7]]  # 30 + 10 new tokens: the whole context
+    ref = generate(model, tok, prompts, max_new_tokens=10)
+    full = [list(p) + list(t) for p, t in zip(prompts, ref.tokens, strict=True)]
+
+    class RightForOneWrongForTheOther(Drafter):
+        name = "oracle"
+
+        def propose(self, contexts, max_lens, samples):
+            drafts = []
+            for c, k, s in zip(contexts, max_lens, samples, strict=True):
+                right = full[s][len(c) : len(c) + k]
+                drafts.append(np.array(right if s == 0 else [(t + 1) % 64 for t in right], dtype=np.int64))
+            return Proposal(drafts)
+
+    res = generate(
+        model, tok, prompts, max_new_tokens=10, method="vanilla", drafter=RightForOneWrongForTheOther(),
+        draft_budget=None,
+    )  # fmt: skip
+    assert res.tokens == ref.tokens
+    assert res.stats["padding_fraction"] > 0 and res.stats["mean_accepted"] > 0

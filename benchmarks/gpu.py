@@ -11,8 +11,8 @@ than the dense Gaussian sketch; ``rsketch.lstsq`` at n = 4,000,000, p = 100 at l
 vanilla at batch 8 on the copy task with LLMA, with tokens/s at batch 1 to 32 beside the paper's
 speed-ups (:func:`run_decoding`, SmolLM2-135M in float32 on ``device="cuda"``).
 ``python -m benchmarks.gpu [--quick] [--no-record] [--only PARTS] [--model FILE]`` runs them (on a
-machine with a GPU, through ``benchmarks/gpu_check.sh``) and records the tables as the ``gpu`` area of
-``benchmarks/history`` and ``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
+machine with a GPU, through ``benchmarks/gpu_check.sh``) and records the tables as the ``gpu`` and
+``gpu-decoding`` areas of ``benchmarks/history`` and ``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
 GPU there is nothing to measure, and no figure is ever estimated.
 
 The measuring code takes a ``Device`` (array module, synchronisation, a name), so that :func:`run` and
@@ -323,17 +323,20 @@ def main(argv=None) -> int:
     if unknown or not parts:
         parser.error(f"--only takes parts of {', '.join(PARTS)}; got {args.only!r}")
     print(machine_description(), flush=True)
-    reports = []
+    reports, areas = [], []
     if "sketch" in parts:
         reports.append(run(quick=args.quick))
     if "lstsq" in parts:
         reports.append(run_lstsq(quick=args.quick))
-    if "decoding" in parts:
+    areas += ["gpu"] * len(reports)
+    if "decoding" in parts:  # an area of its own: RESULTS.md shows each area's latest run, and
+        # gpu_check.sh runs the decoding part in a call of its own
         reports.append(run_decoding(quick=args.quick, model=args.model))
+        areas.append("gpu-decoding")
     for report in reports:
         print(report.to_markdown(), flush=True)
     if not args.no_record:
-        for path in append_results(reports, quick=args.quick, areas=["gpu"] * len(reports)):
+        for path in append_results(reports, quick=args.quick, areas=areas):
             print(f"recorded in {path}")
     return 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 20, for a machine with an NVIDIA GPU and its driver: the tests marked `gpu`
 # (a skip is a failure here), then the GPU benchmarks, whose rows go to benchmarks/history/gpu.jsonl and
-# RESULTS.md through the benchmark harness.
+# gpu-decoding.jsonl and RESULTS.md through the benchmark harness.
 #
 # Usage: benchmarks/gpu_check.sh [--quick] [--stage all|rsketch|decoding|stash] [--model FILE.gguf]
 #
@@ -22,22 +22,27 @@
 # script exits non-zero at the end if any step failed. Where $OUT is set, the log, RESULTS.md and the
 # history of the gpu area are copied there.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
 
 QUICK="" STAGE=all MODEL=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK="--quick" ;;
-    --stage) STAGE=${2:?--stage needs all, rsketch, decoding or stash}; shift ;;
-    --model) MODEL=${2:?--model needs a GGUF file}; shift ;;
+    --stage | --model)
+      [ $# -ge 2 ] || { echo "gpu_check.sh: $1 needs a value" >&2; exit 2; }
+      if [ "$1" = --stage ]; then STAGE=$2; else MODEL=$(realpath "$2"); fi
+      shift ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see the usage at the top of the script)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$STAGE" in all | rsketch | decoding | stash) ;; *) echo "gpu_check.sh: --stage is all, rsketch, decoding or stash" >&2; exit 2 ;; esac
 
-WORK=${GPU_CHECK_DIR:-/tmp/rsketch-gpu-check}
+# paths given relative to the caller's directory, before the script moves to the checkout's root
+WORK=$(realpath -m "${GPU_CHECK_DIR:-/tmp/rsketch-gpu-check}")
+if [ -n "${OUT:-}" ]; then OUT=$(realpath -m "$OUT"); fi
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+
 mkdir -p "$WORK/parts"
 if [ -n "${OUT:-}" ]; then exec > >(tee -a "$OUT/gpu_check_$STAGE.log") 2>&1; fi
 export PYTHONUNBUFFERED=1
@@ -48,15 +53,19 @@ if [ "$STAGE" = stash ]; then
   exit 0
 fi
 
+OFFLINE=0
 if [ -z "${PYTHON:-}" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
   PYTHON=.venv/bin/python
   "$PYTHON" -m pip install -q -e '.[gpu,test]' || exit 1
-elif compgen -G ".whl/*.whl" >/dev/null; then  # the wheels are for the given (image's) Python
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$WORK/site" .whl/*.whl || exit 1
+else
+  OFFLINE=1
+  if compgen -G ".whl/*.whl" >/dev/null; then  # the wheels are for the given (image's) Python
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$WORK/site" .whl/*.whl || exit 1
+  fi
 fi
-if [ -d "$WORK/site" ]; then
+if [ "$OFFLINE" = 1 ] && [ -d "$WORK/site" ]; then  # an earlier offline call's site: never the venv's
   export PYTHONPATH="$ROOT:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 else
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -76,7 +85,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "nv
 STAGE="$STAGE" "$PYTHON" - <<'EOF' || exit 1
 import importlib, os, platform, sys
 need = ["numpy", "scipy", "sklearn", "numba", "numba.cuda", "cupy", "array_api_compat", "tqdm",
-        "threadpoolctl", "gguf", "tokenizers", "jinja2", "pytest", "hypothesis", "array_api_strict"]
+        "threadpoolctl", "yaml", "gguf", "tokenizers", "jinja2", "pytest", "hypothesis", "array_api_strict"]
 missing = []
 for name in need:
     try:
@@ -109,8 +118,8 @@ if [ "$STAGE" != decoding ]; then
   # SCIPY_ARRAY_API=1: scikit-learn's array API dispatch (the estimators on CuPy) needs SciPy's.
   step "gpu tests (rsketch)" env SCIPY_ARRAY_API=1 RSKETCH_REQUIRE_GPU=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/rsketch/test_gpu.py
-  # scikit-learn's own array API checks of the estimators, which take CuPy where it runs (and PyTorch
-  # on CUDA where its CUDA build is installed: a round rsketch does not support, docs/gpu.md).
+  # scikit-learn's own array API checks of the estimators, which take CuPy where it runs (not PyTorch
+  # on CUDA, which rsketch does not support: docs/gpu.md).
   step "estimators under array API dispatch" env SCIPY_ARRAY_API=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider tests/rsketch/test_estimators_array_api.py
   step "benchmarks (sketch, lstsq)" "$PYTHON" -m benchmarks.gpu $QUICK --only sketch,lstsq
@@ -124,7 +133,7 @@ fi
 
 if [ -n "${OUT:-}" ]; then
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
-  cp benchmarks/history/gpu.jsonl "$OUT/" 2>/dev/null
+  cp benchmarks/history/gpu.jsonl benchmarks/history/gpu-decoding.jsonl "$OUT/" 2>/dev/null
 fi
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "gpu_check.sh: failed: ${FAILED[*]}"

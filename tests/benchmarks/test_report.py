@@ -188,8 +188,8 @@ def test_gpu_check_records_its_three_reports(monkeypatch):
     recorded = []
     record = lambda pairs, **kw: recorded.append([a for a, _ in pairs]) or []  # noqa: E731
     monkeypatch.setattr(harness, "record_run", record)
-    assert gpu.main([]) == 0 and recorded == [["gpu"] * 3]
+    assert gpu.main([]) == 0 and recorded == [["gpu", "gpu", "gpu-decoding"]]
     # --only runs the parts asked for (a stage of gpu_check.sh); --model reaches the decoding run
     calls.clear()
-    assert gpu.main(["--only", "decoding", "--model", "m.gguf"]) == 0 and recorded[-1] == ["gpu"]
+    assert gpu.main(["--only", "decoding", "--model", "m.gguf"]) == 0 and recorded[-1] == ["gpu-decoding"]
     assert calls == [("run_decoding", {"model": "m.gguf"})]

@@ -12,8 +12,9 @@ vanilla at batch 8 on the copy task with LLMA, with tokens/s at batch 1 to 32 be
 speed-ups (:func:`run_decoding`, SmolLM2-135M in float32 on ``device="cuda"``).
 ``python -m benchmarks.gpu [--quick] [--no-record] [--only PARTS] [--model FILE]`` runs them (on a
 machine with a GPU, through ``benchmarks/gpu_check.sh``) and records the tables as the ``gpu`` and
-``gpu-decoding`` areas of ``benchmarks/history`` and ``RESULTS.md``. Not one of ``python -m benchmarks``'s default areas: without a
-GPU there is nothing to measure, and no figure is ever estimated.
+``gpu-decoding`` areas of ``benchmarks/history`` and ``RESULTS.md``. Not among ``python -m
+benchmarks``'s default areas: without a GPU there is nothing to measure, and no figure is ever
+estimated.
 
 The measuring code takes a ``Device`` (array module, synchronisation, a name), so that :func:`run` and
 :func:`run_lstsq` also run on the CPU with NumPy at small sizes: the tests check the reports' logic there.

@@ -480,7 +480,9 @@ def range_finder(
         ``passes`` of subspace iteration; ``method`` is not used) until the error estimate is at
         most ``tol`` (absolute, spectral norm), the basis holds ``A``'s range to rounding, or the
         basis has ``rank`` columns; in the last case, with the estimate above ``tol``, a
-        :class:`~rsketch.ConvergenceWarning` gives it.
+        :class:`~rsketch.ConvergenceWarning` gives it, as it does where the test blocks keep finding
+        no new direction while the probes see more of ``A``'s range. Each step draws a new block, so
+        ``sketch`` must then be a kind name, not an operator.
     block_size : int, optional
         With ``tol``, the adaptive step (10 by default). Without it, block Krylov's block
         (``rank + oversample`` by default), as :func:`svd`'s; subspace iteration's block is always
@@ -979,6 +981,8 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
         Q = np.hstack([Q, Y])
         R = R - Y @ (Y.T @ R)
         est = scale * float(column_norms(R).max())
+    else:  # the draws ran out with blocks that found fewer directions than they had columns
+        stalled = Q.shape[1] < max_rank and est > tol
     # A basis that holds A's range to rounding is the best this precision gives, whatever the
     # estimate (an upper bound, 8x the largest probe's residual, it can sit above a tol that the
     # error itself meets): found so (no new direction), a basis of all min(m, n) columns, or an
@@ -986,9 +990,10 @@ def _adaptive(A, max_rank, tol, block_size, passes, sketch, seeds, dtype):
     at_rounding = at_rounding or Q.shape[1] >= min(m, n) or est <= rounding
     if stalled and est > tol:
         warnings.warn(
-            f"the adaptive range finder stopped at {Q.shape[1]} columns: {retries + 1} {sketch!r} test "
-            f"blocks in a row found no new direction, while its error estimate is {est:.3g} "
-            f"(tol={tol:g}); they miss part of A's range: use sketch='gaussian' or 'sparse_sign'",
+            f"the adaptive range finder stopped at {Q.shape[1]} of rank={max_rank} columns with its "
+            f"error estimate at {est:.3g} (tol={tol:g}): its {sketch!r} test blocks found no new "
+            "direction (or fewer than their columns) while the probes still saw A's range outside "
+            "the basis, so they miss part of it: use sketch='gaussian' or 'sparse_sign'",
             _results.ConvergenceWarning,
             stacklevel=4,  # the caller of range_finder or svd
         )
@@ -1275,7 +1280,20 @@ def _dask_svd(
     """:func:`svd` of a tall Dask ``A``: ``U`` a Dask array (persisted), ``s`` and ``Vt`` in memory."""
     keep = []  # tol: refused by _find_range (the adaptive range finder is not available for Dask)
     found, _ = _find_range(
-        A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, None, krylov_width
+        A,
+        dtype,
+        rank,
+        sketch,
+        oversample,
+        passes,
+        method,
+        tol,
+        ADAPTIVE_STEP,
+        False,
+        seed,
+        keep,
+        None,
+        krylov_width,
     )
     t1 = time.perf_counter()
     B = dask_lowrank.project(A, found.Q, keep)
@@ -1311,7 +1329,20 @@ def _array_svd(
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), A.shape[1], dtype)
     found, _ = _find_range(  # refuses tol for device input
-        A, dtype, rank, sketch, oversample, passes, method, tol, 10, False, seed, keep, probes, krylov_width
+        A,
+        dtype,
+        rank,
+        sketch,
+        oversample,
+        passes,
+        method,
+        tol,
+        ADAPTIVE_STEP,
+        False,
+        seed,
+        keep,
+        probes,
+        krylov_width,
     )
     t1 = time.perf_counter()
     Ub, s, Vt = _wide_svd(array_lowrank.project(A, found.Q, keep))
@@ -1368,7 +1399,9 @@ def eigh(A, rank, *, sketch="sparse_sign", oversample=10, passes=3, error_probes
     if isinstance(A, LinearOperator):  # symmetric: A.T products are A's (a matvec alone is enough)
         A = LinearOperator(A.shape, matvec=A.matvec, rmatvec=A.matvec, matmat=A.matmat, rmatmat=A.matmat,
                            dtype=A.dtype)  # fmt: skip
-    found, _ = _find_range(A, dtype, rank, sketch, oversample, passes, "subspace", None, 10, False, seed)
+    found, _ = _find_range(
+        A, dtype, rank, sketch, oversample, passes, "subspace", None, ADAPTIVE_STEP, False, seed
+    )
     Q = found.Q
     T = Q.T @ _matmat(A, Q)
     check_projected_symmetric(T)

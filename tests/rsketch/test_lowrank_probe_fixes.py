@@ -360,3 +360,15 @@ def test_range_finder_takes_block_size_as_svd_does():
     assert rsketch.range_finder(B, 5, method="block_krylov", passes=9, seed=0).Q.shape == (200, 75)
     with pytest.raises(ValueError, match="subspace iteration's block is rank \\+ oversample"):
         rsketch.range_finder(B, 5, method="subspace", block_size=3, seed=0)
+
+
+def test_adaptive_draws_that_run_out_short_of_rank_say_why():
+    # Blocks that each found fewer directions than their columns used up the draws before the basis
+    # reached rank: the warning said "raise rank", which cannot help (3 of 4 columns, estimate 1e2).
+    rng = np.random.default_rng(0)
+    U = np.linalg.qr(rng.standard_normal((100, 4)))[0]
+    A = np.zeros((100, 1000))
+    A[:, :300] = U[:, :3] @ rng.standard_normal((3, 300))
+    A[:, 500] = 5 * U[:, 3]  # one column in a fourth direction, which uniform draws rarely meet
+    with pytest.warns(rsketch.ConvergenceWarning, match=r"stopped at 3 of rank=4 columns.*sketch='gaussian'"):
+        rsketch.range_finder(A, 4, tol=1e-8, sketch="uniform", block_size=2, passes=1, seed=0)

@@ -88,24 +88,31 @@ def _require_dispatch(X, method):
         )
 
 
-def _without_dispatch(a, name, method):
-    """``a`` as scikit-learn's own estimators take it with array API dispatch off: another library's array
+def _numpy_converted(a):
+    """``np.asarray(a)`` where NumPy converts ``a`` (a host library's array, PyTorch's on the CPU),
+    else None (CuPy's, a GPU tensor: they refuse the implicit conversion)."""
+    try:
+        return np.asarray(a)
+    except (TypeError, RuntimeError, ValueError):
+        return None
+
+
+def _without_dispatch(X, method, fitted=None):
+    """``X`` as scikit-learn's own estimators take it with array API dispatch off: another library's array
     that NumPy converts (PyTorch's on the CPU) as a NumPy array, computed on the host; one it cannot
-    (CuPy's, a GPU tensor) a ``TypeError`` saying how to proceed. Under dispatch, ``a`` as it is.
+    (CuPy's) a ``TypeError`` saying how to turn dispatch on. Under dispatch, or for an estimator whose
+    ``fitted`` arrays live in another library (its methods need dispatch), ``X`` as it is.
 
     scikit-learn's array API checks fit PyTorch CPU tensors without dispatch and expect this; a
     ``TypeError`` for them had failed ``check_array_api_input`` wherever PyTorch is installed."""
-    if sklearn.get_config()["array_api_dispatch"] or not is_non_numpy_array(a):
-        return a
-    try:
-        return np.asarray(a)
-    except (TypeError, RuntimeError, ValueError):  # CuPy and CUDA tensors refuse implicit conversion
-        if name == "X":
-            _require_dispatch(a, method)
-        raise TypeError(
-            f"{name} is a {_library(a)} array that NumPy cannot convert: enable scikit-learn's array API "
-            "dispatch (sklearn.set_config(array_api_dispatch=True)), or pass a NumPy array"
-        ) from None
+    if sklearn.get_config()["array_api_dispatch"] or not is_non_numpy_array(X):
+        return X
+    if fitted is not None and is_non_numpy_array(fitted):
+        return X  # _check_fit_device then asks for dispatch, naming the method
+    converted = _numpy_converted(X)
+    if converted is None:
+        _require_dispatch(X, method)
+    return converted
 
 
 def _follow(a, X):
@@ -126,13 +133,13 @@ def _on_host(a, name):
     if not is_non_numpy_array(a):
         return a
     if not sklearn.get_config()["array_api_dispatch"]:
-        try:
-            return np.asarray(a)  # a host library's array, as scikit-learn converts it
-        except (TypeError, RuntimeError, ValueError):
+        converted = _numpy_converted(a)  # a host library's array, as scikit-learn converts it
+        if converted is None:
             raise TypeError(
                 f"{name} is a {_library(a)} array while X is a NumPy array: pass {name} as a NumPy array, "
                 "or enable scikit-learn's array API dispatch (sklearn.set_config(array_api_dispatch=True))"
-            ) from None
+            )
+        return converted
     return np.asarray(to_host(a))
 
 
@@ -398,8 +405,9 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
     def _validate_fit_input(self, X, y, sample_weight):
         """``(X, y, w)`` checked, float64. Arrays of another library (CuPy) stay in it under scikit-learn's
         array API dispatch, ``y`` and ``sample_weight`` moved to ``X``'s namespace and device as scikit-learn
-        does; without dispatch they get a ``TypeError`` saying how to proceed."""
-        X = _without_dispatch(X, "X", "fit")
+        does; without dispatch, NumPy converts those it can (:func:`_without_dispatch`), and the others
+        get a ``TypeError`` saying how to proceed."""
+        X = _without_dispatch(X, "fit")
         device_input = is_non_numpy_array(X)  # under dispatch (else X is NumPy's now)
         if device_input:
             y, sample_weight = (_follow(a, X) for a in (y, sample_weight))
@@ -570,7 +578,7 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
                     f"is expecting {self.n_features_in_} features as input"
                 )
             return X.astype(np.float64) @ self.coef_.T + self.intercept_
-        X = _without_dispatch(X, "X", "predict")
+        X = _without_dispatch(X, "predict", self.coef_)
         if is_non_numpy_array(X) or is_non_numpy_array(self.coef_):
             return self._predict_array_api(X)
         X = _validated(self, X, accept_sparse=("csr", "csc", "coo"), reset=False)
@@ -955,7 +963,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         return check_int(self.n_components, "n_components", minimum=1, maximum=min(n, p))
 
     def _fit(self, X):
-        X = _without_dispatch(X, "X", "fit")
+        X = _without_dispatch(X, "fit")
         device_input = is_non_numpy_array(X)  # CuPy: fitted on its device, under array API dispatch
         X = _validated(
             self,
@@ -1070,7 +1078,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         ndarray of shape (n_samples, n_components)
         """
         check_is_fitted(self)
-        X = _without_dispatch(X, "X", "transform")
+        X = _without_dispatch(X, "transform", self.components_)
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
             X = self._check_device_input(X, "transform", check_features=True)
             xp = array_api_compat.array_namespace(X)
@@ -1103,7 +1111,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         ndarray of shape (n_samples, n_features)
         """
         check_is_fitted(self)
-        X = _without_dispatch(X, "X", "inverse_transform")
+        X = _without_dispatch(X, "inverse_transform", self.components_)
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
             X = self._check_device_input(X, "inverse_transform", check_features=False)
         else:
@@ -1232,7 +1240,7 @@ class SketchedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimat
         (3,)
         """
         xp, W, d, sigma2 = self._ppca()
-        X = _without_dispatch(X, "X", "score_samples")
+        X = _without_dispatch(X, "score_samples", self.components_)
         if is_non_numpy_array(X) or is_non_numpy_array(self.components_):
             X = self._check_device_input(X, "score_samples", check_features=True)
         else:

@@ -21,7 +21,7 @@ from sklearn.utils.estimator_checks import check_estimator
 import rsketch.estimators
 from rsketch import SketchedLinearRegression, SketchedPCA, SketchedRidge
 
-from .array_api_standin import DEVICE, host, on_device
+from .array_api_standin import DEVICE, host, on_device, xps
 
 CHILD = os.environ.get("SCIPY_ARRAY_API") == "1"
 dispatch = pytest.mark.skipif(not CHILD, reason="runs in the SCIPY_ARRAY_API=1 child process")
@@ -264,3 +264,18 @@ def test_float32_strict_arrays_get_float32_coefficients(estimator):
     assert est.coef_.dtype == on_device(X).dtype and pred.dtype == on_device(X).dtype
     assert ref.coef_.dtype == np.float32 and ref.predict(X[:50]).dtype == np.float32
     np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=1e-6, atol=1e-6 * np.abs(ref.coef_).max())
+
+
+@dispatch
+@pytest.mark.parametrize("estimator", ESTIMATORS[:1] + PCAS[:1], ids=lambda e: repr(e))
+def test_a_device_fit_asks_for_dispatch_in_its_methods(estimator):
+    # Fitted on the stand-in device, then called with dispatch off on that library's arrays: the
+    # arrays were converted to NumPy first, and the error said "given numpy input ... refit"
+    # where the fix is to turn dispatch on.
+    X, y, _ = data()
+    method = "predict" if hasattr(estimator, "predict") else "transform"
+    for put in (on_device, xps.asarray):  # NumPy converts arrays of the default device
+        with sklearn.config_context(array_api_dispatch=True):
+            est = sklearn.base.clone(estimator).fit(put(X), put(y))
+        with pytest.raises(TypeError, match="array API dispatch"):
+            getattr(est, method)(put(X[:5]))

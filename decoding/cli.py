@@ -15,7 +15,7 @@ from .api import METHODS, generate
 from .drafters import DRAFTERS
 from .loading import load_model
 from .sampling import SamplingParams
-from .scheduling import check_memory, loop_memory
+from .scheduling import check_max_batch, check_memory, loop_memory
 from .tokenizer import check_text
 
 #: The longest ``--reference`` file read, in characters (16 Mi; the tokenizer needs about 130 bytes of
@@ -95,7 +95,7 @@ def _check_batch_memory(model, n, batch, args) -> None:
     2000000`` took 11 s and 684 MB to reach generate's own check, ``100000000`` was silent a minute on.
     The cache of the sequences decoded at once and the batch's token ids, from one prompt's length
     ``n`` (generate checks the rest)."""
-    slots = batch if args.max_batch is None else min(batch, max(args.max_batch, 1))
+    slots = batch if args.max_batch is None else min(batch, args.max_batch)  # checked: >= 1
     parts = loop_memory(
         model, [n], slots=slots, capacity=n + max(args.max_new_tokens, 0), step_tokens=slots, sampled=False
     )
@@ -218,14 +218,11 @@ def main(argv=None) -> int:
         command.error(f"--batch must be >= 1, got {args.batch}")
     if args.command == "generate" and args.max_draft < 1:  # whatever --method
         command.error(f"--max-draft must be >= 1, got {args.max_draft}")
-    if args.command == "generate" and args.max_batch is not None:  # had been refused after the load
-        if args.max_batch < 1:
-            command.error(f"--max-batch must be >= 1, got {args.max_batch}")
-        if args.method == "vanilla" and args.max_batch < args.batch:
-            command.error(
-                f"--max-batch {args.max_batch} < --batch {args.batch} needs --method ems or "
-                "autoregressive: the padded (vanilla) layout takes every sample at once"
-            )
+    if args.command == "generate":  # generate's own rule, before the load (it had come after it)
+        try:
+            check_max_batch(args.max_batch, n_prompts=args.batch, padded=args.method == "vanilla")
+        except ValueError as e:
+            command.error(f"--max-batch: {e}")
     try:
         return _generate(args) if args.command == "generate" else _demo(args)
     # FloatingPointError: non-finite logits (a model file whose weights overflow the activations)

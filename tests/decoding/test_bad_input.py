@@ -282,11 +282,11 @@ def test_cli_max_draft_zero(tiny_path, capsys, monkeypatch, method):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
-        (["--max-batch", "-1"], "error: --max-batch must be >= 1, got -1"),
+        (["--max-batch", "0"], "error: --max-batch: max_batch must be >= 1"),
+        (["--max-batch", "-1"], "error: --max-batch: max_batch must be >= 1"),
         (
             ["--batch", "2", "--max-batch", "1", "--method", "vanilla"],
-            "--max-batch 1 < --batch 2 needs --method",
+            "error: --max-batch: max_batch=1 < 2 prompts needs method",
         ),
     ],
 )

@@ -85,9 +85,12 @@ def check_kernel_compiler(probe: str = "numba.cuda.np.arrayobj"):
     Examples
     --------
     >>> check_kernel_compiler("json")  # any module that imports cleanly passes
+    >>> check_kernel_compiler("no_such_module")  # and one that a later numba-cuda may not have
     """
     try:
         importlib.import_module(probe)
+    except ModuleNotFoundError:  # a numba-cuda without that module: nothing to probe
+        return
     except AttributeError as exc:
         raise ImportError(
             f"numba-cuda cannot compile kernels with NumPy {np.__version__} ({exc}); install "

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from rsketch._progress import progress_bar
 from rsketch.experiments.designs import leverage_scores, make_design
 from rsketch.stats import bounds, efficiency
 from rsketch.stats._bounds import DERIVED, PAPER, PAPER_SHAPE
@@ -114,7 +114,7 @@ def run_study(config: StudyConfig = StudyConfig(), *, progress: bool = True, exe
     """
     rows = []
     tasks = [(d, f, r) for d in config.designs for f in FAMILIES for r in config.sizes if r <= config.n]
-    bar = tqdm(total=len(tasks), disable=not progress, desc="raskutti-mahoney study", unit="point")
+    bar = progress_bar(len(tasks), enabled=progress, desc="raskutti-mahoney study", unit="point")
     root = np.random.SeedSequence(config.seed)
     design_seeds = dict(zip(config.designs, root.spawn(len(config.designs)), strict=True))
     try:

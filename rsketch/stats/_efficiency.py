@@ -31,10 +31,10 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 from scipy.special import ndtr, ndtri
-from tqdm.auto import tqdm
 
 from rsketch._backend import array_namespace, check_same_library, is_non_numpy_array, like, to_host
 from rsketch._exact_scaling import max_abs, shift_down, unit_exponents
+from rsketch._progress import progress_bar
 from rsketch._validation import (
     EFFICIENCY_METHODS,
     check_allocation,
@@ -685,8 +685,7 @@ def efficiency(
     draw = _Draws(sketch, r, options, method, svd_x, y_parts, X, y, mean, sigma, n_noise)
     seeds = root.spawn(n_sketches)
     noise_seeds = root.spawn(n_sketches)  # the next children: independent of the sketch seeds
-    # no tqdm at all without the bar: even disabled, tqdm starts its monitor thread, for the process' life
-    bar = tqdm(total=n_sketches, desc=f"efficiency[{sketch}, r={r}]", leave=False) if progress else _NoBar()
+    bar = progress_bar(n_sketches, enabled=progress, desc=f"efficiency[{sketch}, r={r}]", leave=False)
     try:
         draws = _run_draws(draw, seeds, noise_seeds, executor, bar)  # columns: PE, RE, WC, rank-deficient
     finally:
@@ -706,16 +705,6 @@ def efficiency(
         seed=seed,
         options=shown,
     )
-
-
-class _NoBar:
-    """The progress bar's two calls, doing nothing (``progress=False``)."""
-
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
 
 
 @dataclass(frozen=True)

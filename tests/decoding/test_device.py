@@ -168,10 +168,10 @@ def test_no_prefetch_thread_on_a_device(tiny64, monkeypatch):
     # from a second thread.
     import decoding.model as model_module
 
+    model, tok = tiny64
+    ref = generate(model, tok, PROMPTS, max_new_tokens=4)  # before the spy (DECODING_PREFETCH may be set)
     made = []
     monkeypatch.setattr(model_module._Prefetcher, "__init__", lambda self, *a, **k: made.append(self))
-    model, tok = tiny64
     dev = model.to_device(xps, DEVICE)
     dev.prefetch = True
-    ref = generate(model, tok, PROMPTS, max_new_tokens=4)
     assert generate(dev, tok, PROMPTS, max_new_tokens=4).tokens == ref.tokens and made == []

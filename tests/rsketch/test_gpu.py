@@ -69,10 +69,15 @@ def test_device_product_on_a_non_blocking_stream(cp, kind):
     # work before and after them (the sort of the buckets, reading the result) would not wait for them.
     S = KINDS[kind](200_000)
     A = np.random.default_rng(3).standard_normal((200_000, 9))
+    from rsketch.kernels.cuda import kernels as device_kernels
+
     with cp.cuda.Stream(non_blocking=True) as stream:
+        launch = device_kernels._launch_stream(cp.zeros(1))  # the stream every kernel takes here
+        assert int(launch) == stream.ptr  # deterministic, where the race below may not show
         got = S @ cp.asarray(A)
         got = got.get(stream=stream)
         stream.synchronize()
+    assert device_kernels._launch_stream(cp.zeros(1)) == 0  # the default stream again
     np.testing.assert_allclose(got, S @ A, rtol=1e-12, atol=1e-9)
 
 

@@ -1,7 +1,7 @@
 """rsketch reads top-down: no import cycle, and every import goes down the layers.
 
-Layers, bottom first: the shared helpers (``_validation``, ``_backend``, ``_parallel``, ``_random``,
-``_exact_scaling``),
+Layers, bottom first: the shared helpers (``_validation``, ``_backend``, ``_parallel``, ``_progress``,
+``_random``, ``_exact_scaling``),
 ``kernels``, ``operators``, ``linalg``, ``stats``, ``estimators``, the public API (``rsketch/__init__.py``),
 then the programs (``experiments``, ``demo``).
 Imports inside functions count too: hiding one there hides a cycle, it does not remove it.
@@ -19,6 +19,7 @@ LAYERS = {
     "rsketch._validation": 0,
     "rsketch._backend": 0,
     "rsketch._parallel": 0,  # the lock of parallel launches under numba's workqueue layer
+    "rsketch._progress": 0,  # progress bars that cost nothing when off
     "rsketch._random": 1,
     "rsketch._exact_scaling": 1,  # power-of-two scaling into the safe range: operators and solvers
     "rsketch.kernels": 2,

@@ -1280,21 +1280,9 @@ def _dask_svd(
     """:func:`svd` of a tall Dask ``A``: ``U`` a Dask array (persisted), ``s`` and ``Vt`` in memory."""
     keep = []  # tol: refused by _find_range (the adaptive range finder is not available for Dask)
     found, _ = _find_range(
-        A,
-        dtype,
-        rank,
-        sketch,
-        oversample,
-        passes,
-        method,
-        tol,
-        ADAPTIVE_STEP,
-        False,
-        seed,
-        keep,
-        None,
+        A, dtype, rank, sketch, oversample, passes, method, tol, ADAPTIVE_STEP, False, seed, keep, None,
         krylov_width,
-    )
+    )  # fmt: skip
     t1 = time.perf_counter()
     B = dask_lowrank.project(A, found.Q, keep)
     Ub, s, Vt = _wide_svd(B)
@@ -1329,21 +1317,9 @@ def _array_svd(
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), A.shape[1], dtype)
     found, _ = _find_range(  # refuses tol for device input
-        A,
-        dtype,
-        rank,
-        sketch,
-        oversample,
-        passes,
-        method,
-        tol,
-        ADAPTIVE_STEP,
-        False,
-        seed,
-        keep,
-        probes,
+        A, dtype, rank, sketch, oversample, passes, method, tol, ADAPTIVE_STEP, False, seed, keep, probes,
         krylov_width,
-    )
+    )  # fmt: skip
     t1 = time.perf_counter()
     Ub, s, Vt = _wide_svd(array_lowrank.project(A, found.Q, keep))
     k = min(rank, s.size)

@@ -94,9 +94,9 @@ class KVCache:
         self.max_seqs = check_int(max_seqs, "max_seqs", minimum=1)
         self.capacity = check_int(capacity, "capacity", minimum=1)
         dtype = check_cache_dtype(dtype)
-        if np.dtype(dtype) == np.float16 and xp is not np:
+        if dtype == np.float16 and xp is not np:
             raise ValueError("a float16 cache is the CPU engine's; on a device use dtype float32 or float64")
-        if np.dtype(dtype) == np.float16 and not HALF_CONVERSION:
+        if dtype == np.float16 and not HALF_CONVERSION:
             raise ValueError(
                 "a float16 cache needs a CPU with F16C (float16 conversions); use dtype=numpy.float32"
             )
@@ -108,7 +108,7 @@ class KVCache:
             check_fits(need, f"a KV cache of {self.max_seqs} sequences x {self.capacity} slots")
         self.xp = xp  # numpy, or a GPU library's namespace (lengths and starts stay on the host)
         self.device = device
-        self._dtype = np.dtype(dtype)
+        self._dtype = dtype
         if xp is np:
             self.k = np.zeros(shape, dtype=dtype)  # [n_layers, n_kv_heads, slots, head_dim]
             self.v = np.zeros(shape, dtype=dtype)

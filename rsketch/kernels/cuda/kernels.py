@@ -45,9 +45,10 @@ def _launch_stream(like):
     """CuPy's current stream where ``like`` is a CuPy array and that stream is not the default one, so
     that a kernel runs in order with the CuPy work before and after it (numba launches on the legacy
     default stream, which a non-blocking stream does not wait for); else 0, the default stream."""
-    if array_module(like) is np:
+    xp = array_module(like)
+    if xp is np:
         return 0  # NumPy arrays: the simulator
-    current = array_module(like).cuda.get_current_stream().ptr
+    current = xp.cuda.get_current_stream().ptr
     return cuda.external_stream(current) if current else 0
 
 

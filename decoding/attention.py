@@ -37,14 +37,21 @@ def _softmax_(s: np.ndarray) -> np.ndarray:
 
 @dataclass
 class AttentionPlan:
-    """Per-forward attention layout: either one uniform group or a list of per-sequence pieces.
+    """Per-forward attention layout: one batched group, or a list of per-sequence pieces.
 
-    ``uniform`` holds ``(seq_slice_or_ids, n, S, bias)`` when every sequence has the same number
-    ``n`` of new tokens (decode steps, padded layouts): all sequences then run in one batched
-    matmul over a ``[Hkv, B, S, D]`` view of their cache regions, with an additive ``bias``
-    ``[1, B, 1, n, S]`` (or None) hiding each sequence's keys beyond its own length, future keys
-    and invalid slots. Otherwise ``pieces`` lists ``(a, e, start, S, bias)`` per sequence: rows
-    ``a:e`` of the packed queries, cache slots ``start : start + S``, bias ``[n, S]`` or None.
+    On NumPy the one-call kernel :func:`decoding.kernels.varlen_attention` takes every layout
+    (``tokens``). Elsewhere (a device), ``batched`` holds ``(sel, n, S, bias, rows, back)``: every
+    sequence with new tokens runs in one batched matmul over a ``[Hkv, B, S, D]`` view of its cache
+    region, its queries in ``n`` rows (``n`` the largest count), with an additive ``bias``
+    ``[1, B, 1, n, S]`` (or None) hiding each sequence's keys beyond its own length, future keys and
+    invalid slots. Where the counts differ (a ragged verification step, a prefill of prompts of
+    several lengths), ``rows`` gathers the packed queries into that layout, a shorter sequence's
+    extra rows repeating its last query, and ``back`` takes the packed rows out of the result;
+    where they are equal both are None. Only the attention is laid out so: the projections and the
+    cache stay packed and unpadded. ``pieces`` lists ``(a, e, start, S, bias)`` per sequence (rows
+    ``a:e`` of the packed queries, cache slots ``start : start + S``, bias ``[n, S]`` or None) for
+    one sequence, for ``grouped=False``, and where the batched scores would exceed
+    :data:`BATCHED_SCORES`.
 
     Examples
     --------
@@ -57,7 +64,7 @@ class AttentionPlan:
     True
     """
 
-    uniform: tuple | None
+    batched: tuple | None
     pieces: list
     dtype: np.dtype
     #: NumPy caches: ``(start, length, seq, key_valid)`` per packed token, for the one-call kernel
@@ -67,7 +74,21 @@ class AttentionPlan:
     kernel_args: tuple | None = None
 
     @classmethod
-    def build(cls, cache, seq_ids, cu_seqlens, old_lengths, key_valid=None, *, grouped=True, dtype=None):
+    def build(
+        cls,
+        cache,
+        seq_ids,
+        cu_seqlens,
+        old_lengths,
+        key_valid=None,
+        *,
+        grouped=True,
+        dtype=None,
+        n_heads=None,
+    ):
+        """The plan of one forward's layout; ``n_heads`` (the query heads, default the cache's KV heads)
+        sizes the batched scores against :data:`BATCHED_SCORES`."""
+        n_heads = cache.n_kv_heads if n_heads is None else int(n_heads)
         xp = getattr(cache, "xp", np)  # masks are built on the host, used where the cache lives
         device = getattr(cache, "device", None)
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
@@ -85,23 +106,13 @@ class AttentionPlan:
                 key_valid,
             )
             return cls(None, [], dtype, tokens)
-        if grouped and B > 1 and counts[0] > 0 and (counts == counts[0]).all():
-            n = int(counts[0])
-            S = int((old + n).max())
-            lo = int(seq_ids[0])
-            sel = slice(lo, lo + B) if (seq_ids == lo + np.arange(B)).all() else seq_ids
-            # allowed[b, i, j]: key j <= L_b + i (bottom-right causal, and within b's own length)
-            allowed = np.arange(S)[None, None, :] <= (old[:, None] + np.arange(n)[None, :])[:, :, None]
-            if key_valid is not None:
-                allowed = allowed & key_valid[seq_ids, :S][:, None, :]  # [B, n, S]
-            bias = (
-                None
-                if allowed.all()
-                else on_device(np.where(allowed, 0.0, _NEG).astype(dtype)[None, :, None], xp, device)
+        busy = counts > 0
+        if grouped and busy.sum() > 1:
+            batched = _batched_layout(
+                cache, seq_ids[busy], cu[:-1][busy], counts[busy], old[busy], key_valid, dtype, n_heads
             )
-            if not isinstance(sel, slice):
-                sel = on_device(sel, xp, device)
-            return cls((sel, n, S, bias), [], dtype)
+            if batched is not None:
+                return cls(batched, [], dtype)
         pieces = []
         for b in range(B):
             a, e = int(cu[b]), int(cu[b + 1])
@@ -119,6 +130,45 @@ class AttentionPlan:
                     bias = on_device(np.where(allowed, 0.0, _NEG).astype(dtype), xp, device)
             pieces.append((a, e, int(cache.starts[s]), S, bias))
         return cls(None, pieces, dtype)
+
+
+#: The most scores (``B * H * n * S`` values) one batched attention may hold; a larger layout (a
+#: prefill of many long prompts) runs one sequence at a time. 2**26 values: 256 MB in float32. A
+#: verification step at batch 32 (11 rows over 2,048 keys, 9 heads) holds 6.5 million.
+BATCHED_SCORES = 1 << 26
+
+
+def _batched_layout(cache, seq_ids, starts, counts, old, key_valid, dtype, n_heads):
+    """``AttentionPlan.batched`` for sequences ``seq_ids`` (each with new tokens, packed at rows
+    ``starts[b]:starts[b] + counts[b]``), or None where the scores would pass :data:`BATCHED_SCORES`.
+
+    One batched product for any counts keeps a step's kernel launches independent of the batch
+    size: a loop over the sequences costs about a dozen launches each per layer, which on a GPU
+    outweighs the products themselves for a small model (30 layers x 8 sequences x 12 launches of
+    some microseconds each, per forward). A shorter sequence's extra query rows repeat its last
+    query (its keys, its mask), so they stay finite, and are dropped by ``back``.
+    """
+    xp, device = getattr(cache, "xp", np), getattr(cache, "device", None)
+    B, n = seq_ids.size, int(counts.max())
+    S = int((old + counts).max())
+    if B * n_heads * n * S > BATCHED_SCORES:
+        return None
+    last = np.minimum(np.arange(n)[None, :], counts[:, None] - 1)  # [B, n]: row i, or the last one
+    # allowed[b, i, j]: key j <= L_b + i (bottom-right causal, and within b's own length)
+    allowed = np.arange(S)[None, None, :] <= (old[:, None] + last)[:, :, None]
+    if key_valid is not None:
+        allowed = allowed & key_valid[seq_ids, :S][:, None, :]  # [B, n, S]
+    bias = None
+    if not allowed.all():
+        bias = on_device(np.where(allowed, 0.0, _NEG).astype(dtype)[None, :, None], xp, device)
+    lo = int(seq_ids[0])
+    sel = slice(lo, lo + B) if (seq_ids == lo + np.arange(B)).all() else on_device(seq_ids, xp, device)
+    if (counts == n).all() and (starts == n * np.arange(B)).all():
+        return sel, n, S, bias, None, None  # the packed rows are the layout's rows already
+    rows = (starts[:, None] + last).reshape(-1)  # layout row -> packed row
+    T = int(counts.sum())
+    back = np.repeat(n * np.arange(B) - starts, counts) + np.arange(T)  # packed row -> layout row
+    return sel, n, S, bias, on_device(rows, xp, device), on_device(back, xp, device)
 
 
 def _regroup(xp, x, shape, axes, out_shape):
@@ -153,8 +203,10 @@ def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
     G = H // Hkv
     scale = 1.0 / float(np.sqrt(D))
     xp = namespace(q)  # NumPy, or a GPU library's array-API namespace: the same steps in both
-    if plan.uniform is not None:
-        sel, n, S, bias = plan.uniform
+    if plan.batched is not None:
+        sel, n, S, bias, rows, back = plan.batched
+        if rows is not None:
+            q = xp.take(q, rows, axis=0)  # [B n, H, D]: each sequence's queries in n rows
         cap = cache.capacity
         k4 = xp.reshape(cache.k[layer, ...], (Hkv, cache.max_seqs, cap, D))  # [Hkv, max_seqs, cap, D]
         v4 = xp.reshape(cache.v[layer, ...], (Hkv, cache.max_seqs, cap, D))
@@ -163,14 +215,15 @@ def attend(q: np.ndarray, cache, layer: int, plan: AttentionPlan) -> np.ndarray:
         else:
             kb, vb = xp.take(k4[:, :, :S, :], sel, axis=1), xp.take(v4[:, :, :S, :], sel, axis=1)  # S slots
         B = kb.shape[1]
-        # [T, H, D] = [B, n, Hkv, G, D] -> [Hkv, B, G, n, D] -> [Hkv, B, G * n, D]
+        # [B n, H, D] = [B, n, Hkv, G, D] -> [Hkv, B, G, n, D] -> [Hkv, B, G * n, D]
         qb = _regroup(xp, q, (B, n, Hkv, G, D), (2, 0, 3, 1, 4), (Hkv, B, G * n, D))
         scores = (qb @ xp.matrix_transpose(kb)) * scale  # [Hkv, B, G * n, S]
         if bias is not None:
             scores = xp.reshape(scores, (Hkv, B, G, n, S)) + bias  # bias [1, B, 1, n, S]
             scores = xp.reshape(scores, (Hkv, B, G * n, S))
         ob = _softmax_(scores) @ vb  # [Hkv, B, G * n, D]
-        return _regroup(xp, ob, (Hkv, B, G, n, D), (1, 3, 0, 2, 4), (T, H, D))
+        out = _regroup(xp, ob, (Hkv, B, G, n, D), (1, 3, 0, 2, 4), (B * n, H, D))
+        return out if back is None else xp.take(out, back, axis=0)  # [T, H, D]
 
     out = xp.zeros_like(q)
     for a, e, start, S, bias in plan.pieces:

@@ -118,6 +118,10 @@ class KVCache:
         self.starts = np.arange(self.max_seqs, dtype=np.int64) * self.capacity  # [max_seqs]
         self.lengths = np.zeros(self.max_seqs, dtype=np.int64)  # [max_seqs]
         self.in_use = np.zeros(self.max_seqs, dtype=bool)
+        # a device library that takes an index array in an assignment (CuPy) writes a forward's keys
+        # in one assignment per layer; otherwise one per sequence (a run of consecutive slots)
+        self._scatters = xp is not np and _takes_index_arrays(xp, device)
+        self._device_slots = None  # (host slots, the same on the device): one forward's, for every layer
 
     @classmethod
     def for_model(cls, model, *, max_seqs, capacity, dtype=None, xp=None) -> KVCache:
@@ -214,8 +218,10 @@ class KVCache:
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store ``k``, ``v`` (``[T, n_kv_heads, head_dim]``) of ``layer`` at host ``slots`` (``[T]``).
 
-        On a device the slots go in runs of consecutive slots (one per sequence of a packed batch),
-        slice assignments of the array API (which has no scatter by an index array).
+        On a device whose arrays take an index array in an assignment (CuPy's), the slots go to the
+        device once a forward and each layer's keys in one assignment. Otherwise (the array API
+        standard has no scatter by an index array) they go in runs of consecutive slots, one slice
+        assignment per sequence of a packed batch: on a GPU, two launches per sequence and layer.
         """
         if self.xp is np:
             self.k[layer][:, slots, :] = k.transpose(1, 0, 2)  # [Hkv, T, D]
@@ -223,11 +229,23 @@ class KVCache:
             return
         xp = self.xp
         slots = np.asarray(slots, dtype=np.int64)
+        if self._scatters:
+            index = self._slots_on_device(slots)
+            self.k[layer][:, index, :] = xp.permute_dims(k, (1, 0, 2))
+            self.v[layer][:, index, :] = xp.permute_dims(v, (1, 0, 2))
+            return
         breaks = np.flatnonzero(np.diff(slots) != 1) + 1
         for a, b in zip(np.r_[0, breaks], np.r_[breaks, slots.size], strict=True):
             s0 = int(slots[a])
             self.k[layer, :, s0 : s0 + b - a, :] = xp.permute_dims(k[a:b, ...], (1, 0, 2))
             self.v[layer, :, s0 : s0 + b - a, :] = xp.permute_dims(v[a:b, ...], (1, 0, 2))
+
+    def _slots_on_device(self, slots: np.ndarray):
+        """``slots`` on the device, sent once for the layers of a forward (which all write the same slots)."""
+        held = self._device_slots
+        if held is None or held[0].shape != slots.shape or not np.array_equal(held[0], slots):
+            held = self._device_slots = (slots.copy(), self.xp.asarray(slots, device=self.device))
+        return held[1]
 
     def advance(self, seq_ids: np.ndarray, counts: np.ndarray) -> None:
         """Add ``counts[b]`` to the length of ``seq_ids[b]``."""
@@ -268,3 +286,14 @@ class KVCache:
         if not 0 <= seq < self.max_seqs:
             raise ValueError(f"sequence id must be in [0, {self.max_seqs}), got {seq}")
         return seq
+
+
+def _takes_index_arrays(xp, device) -> bool:
+    """Whether ``xp``'s arrays take an integer index array in an assignment: CuPy's and NumPy's do;
+    the array API standard does not ask it, and ``array_api_strict`` refuses (``IndexError``)."""
+    probe = xp.zeros(2, device=device)
+    try:
+        probe[xp.asarray([1], device=device)] = 1
+    except (IndexError, TypeError, ValueError, NotImplementedError):
+        return False
+    return True

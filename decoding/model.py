@@ -694,7 +694,7 @@ class Model:
         sin = self._here(np.sin(ang).astype(self.dtype)[:, None, :])
         eps = cfg.norm_eps
 
-        plan = AttentionPlan.build(cache, seq_ids, cu, old, key_valid, dtype=self.dtype)
+        plan = AttentionPlan.build(cache, seq_ids, cu, old, key_valid, dtype=self.dtype, n_heads=H)
         pf = self._layer_prefetcher()
         fused_rope = self._fuses_rope(cache)
         cos2, sin2 = cos[:, 0, :], sin[:, 0, :]  # [T, D/2]

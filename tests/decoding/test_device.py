@@ -84,6 +84,101 @@ def test_uniform_step_over_sequences_out_of_order(tiny64, on_device):
     assert np.max(np.abs(out[1] - out[0])) <= 1e-12 * np.max(np.abs(out[0]))
 
 
+def _ragged_attention_case(key_valid):
+    """A cache on the stand-in device with random keys, and ragged new tokens: counts 3, 0, 1, 5 on
+    sequences 4, 1, 0, 2 (not a range), cached lengths 6, 2, 0, 9."""
+    from decoding.kv_cache import KVCache
+
+    rng = np.random.default_rng(7)
+    host = KVCache(1, 2, 8, max_seqs=5, capacity=16, dtype=np.float64)
+    host.k[:] = rng.normal(size=host.k.shape)
+    host.v[:] = rng.normal(size=host.v.shape)
+    dev = KVCache(1, 2, 8, max_seqs=5, capacity=16, dtype=np.float64, xp=xps, device=DEVICE)
+    dev.k, dev.v = xps.asarray(host.k, device=DEVICE), xps.asarray(host.v, device=DEVICE)
+    valid = None
+    if key_valid:
+        valid = rng.random((5, 16)) < 0.8
+        valid[:, 0] = True
+    seq_ids, cu, old = np.array([4, 1, 0, 2]), np.array([0, 3, 3, 4, 9]), np.array([6, 2, 0, 9])
+    q = rng.normal(size=(9, 6, 8))  # 6 query heads on 2 KV heads
+    return host, dev, (seq_ids, cu, old, valid), q
+
+
+@pytest.mark.parametrize("key_valid", [False, True])
+def test_ragged_attention_is_one_batched_product_on_a_device(key_valid):
+    # A verification step's counts differ between sequences. A loop over them cost a dozen launches per
+    # sequence and layer on a GPU; the batched layout costs the same for any batch, with the CPU's values.
+    from decoding.attention import AttentionPlan, packed_attention
+
+    host, dev, (seq_ids, cu, old, valid), q = _ragged_attention_case(key_valid)
+    plan = AttentionPlan.build(dev, seq_ids, cu, old, valid, n_heads=6)
+    assert plan.batched is not None and plan.pieces == []
+    ref = packed_attention(q, host, 0, seq_ids, cu, old, valid)  # the CPU kernel
+    got = packed_attention(xps.asarray(q, device=DEVICE), dev, 0, seq_ids, cu, old, valid)
+    loop = packed_attention(xps.asarray(q, device=DEVICE), dev, 0, seq_ids, cu, old, valid, grouped=False)
+    for out in (got, loop):
+        assert out.device == DEVICE and np.max(np.abs(np.from_dlpack(out) - ref)) < 1e-12
+
+
+def test_ragged_attention_past_the_score_budget_runs_per_sequence(monkeypatch):
+    import decoding.attention
+    from decoding.attention import AttentionPlan, packed_attention
+
+    host, dev, (seq_ids, cu, old, valid), q = _ragged_attention_case(True)
+    monkeypatch.setattr(
+        decoding.attention, "BATCHED_SCORES", 3 * 6 * 5 * 14 - 1
+    )  # B H n S (3 with tokens), less one
+    plan = AttentionPlan.build(dev, seq_ids, cu, old, valid, n_heads=6)
+    assert plan.batched is None and len(plan.pieces) == 3
+    got = packed_attention(xps.asarray(q, device=DEVICE), dev, 0, seq_ids, cu, old, valid)
+    ref = packed_attention(q, host, 0, seq_ids, cu, old, valid)
+    assert np.max(np.abs(np.from_dlpack(got) - ref)) < 1e-12
+
+
+def test_ragged_step_after_a_prefill_matches_the_cpu(tiny64, on_device):
+    # a verification-like step: 3, 1 and 4 new tokens on cached prompts of 5, 8 and 2
+    model, _ = tiny64
+    dev, _ = on_device
+    out = []
+    for m in (model, dev):
+        cache = m.new_cache(max_seqs=3, capacity=32)
+        ids = [cache.allocate() for _ in range(3)]
+        m.forward(np.arange(15) % 50, cache=cache, seq_ids=ids, cu_seqlens=[0, 5, 13, 15])
+        logits = m.forward(np.arange(8) % 7, cache=cache, seq_ids=ids, cu_seqlens=[0, 3, 4, 8])
+        out.append(np.from_dlpack(logits) if m is dev else logits)
+    assert np.max(np.abs(out[1] - out[0])) <= 1e-12 * np.max(np.abs(out[0]))
+
+
+def test_cache_writes_by_index_array_where_the_library_takes_one():
+    # CuPy takes an index array in an assignment: one per layer and forward, not one per sequence.
+    # array_api_compat's NumPy namespace stands in for it here (a namespace other than numpy that
+    # scatters); array_api_strict, which refuses, keeps the runs of slots.
+    import array_api_compat.numpy as xnp
+
+    from decoding.kv_cache import KVCache
+
+    rng = np.random.default_rng(3)
+    caches = [
+        KVCache(2, 2, 4, max_seqs=3, capacity=8, dtype=np.float64, **kw)
+        for kw in ({}, {"xp": xnp, "device": "cpu"}, {"xp": xps, "device": DEVICE})
+    ]
+    assert [c._scatters for c in caches] == [False, True, False]
+    for seq_ids, counts in (([0, 1, 2], [3, 1, 2]), ([2, 0], [1, 4])):
+        kv = rng.normal(size=(2, 2, sum(counts), 2, 4))  # [k/v, layer, T, Hkv, D]
+        for c in caches:
+            slots = c.prepare(np.array(seq_ids), np.array(counts))
+            for layer in range(2):
+                k, v = kv[0, layer], kv[1, layer]
+                if c.xp is xps:
+                    k, v = xps.asarray(k, device=DEVICE), xps.asarray(v, device=DEVICE)
+                c.write(layer, slots, k, v)
+            c.advance(np.array(seq_ids), np.array(counts))
+    for c in caches[1:]:
+        assert np.array_equal(np.from_dlpack(c.k), caches[0].k) and np.array_equal(
+            np.from_dlpack(c.v), caches[0].v
+        )
+
+
 @pytest.mark.parametrize("method", ["autoregressive", "ems", "vanilla"])
 def test_greedy_tokens_are_the_cpus(tiny64, on_device, method):
     model, tok = tiny64

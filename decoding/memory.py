@@ -71,9 +71,12 @@ def available_bytes() -> tuple[int | None, str]:
     env = os.environ.get("DECODING_MEMORY_LIMIT")
     if env:
         try:
-            return int(env), "DECODING_MEMORY_LIMIT"
+            limit = int(env)
         except ValueError:
-            raise ValueError(f"DECODING_MEMORY_LIMIT must be a number of bytes, got {env!r}") from None
+            limit = -1
+        if limit < 0:  # a negative budget refused every buffer, saying "-5 bytes are available"
+            raise ValueError(f"DECODING_MEMORY_LIMIT must be a number of bytes >= 0, got {env!r}")
+        return limit, "DECODING_MEMORY_LIMIT"
     n, source = _meminfo_available(), "MemAvailable in /proc/meminfo"
     if n is None:
         n, source = _sysconf_available(), "free physical pages (os.sysconf)"

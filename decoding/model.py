@@ -205,6 +205,16 @@ class _Prefetcher:
         self._queue.put(None)
 
 
+def _blind_tokens(key_valid, seq_ids, cu, old) -> np.ndarray:
+    """Which packed tokens see no key: ``key_valid`` hides every slot of their sequence up to their
+    own (a padded layout's left pads, which are never read; any other such token is misuse)."""
+    counts = np.diff(cu)
+    rows = key_valid[seq_ids]  # [B, capacity]
+    first = np.where(rows.any(axis=1), rows.argmax(axis=1), rows.shape[1])  # first visible slot
+    own = np.repeat(old - cu[:-1], counts) + np.arange(int(cu[-1]))  # each token's own slot
+    return np.repeat(first, counts) > own
+
+
 def _weight_lines(w) -> np.ndarray:
     """One element per 64-byte line of a weight's memory (its blocks when quantized)."""
     data = w.blocks if isinstance(w, QuantizedMatrix) else w
@@ -578,6 +588,18 @@ class Model:
             raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
         if cache.n_layers < self.n_layers:
             raise ValueError(f"cache has {cache.n_layers} layers, the model needs {self.n_layers}")
+        # another model's cache: the compiled store wrote this model's heads past its buffers (an
+        # abort), and fewer heads gave logits off by 7 without a word
+        if (cache.n_kv_heads, cache.head_dim) != (cfg.n_kv_heads, cfg.head_dim):
+            raise ValueError(
+                f"cache holds {cache.n_kv_heads} KV heads of size {cache.head_dim}, the model has "
+                f"{cfg.n_kv_heads} of size {cfg.head_dim}: use model.new_cache()"
+            )
+        if cache.xp is not self.xp or cache.device != self.device:
+            raise ValueError(
+                f"cache lives on {cache.device or 'the CPU'}, the model on {self.device or 'the CPU'}: "
+                "use model.new_cache()"
+            )
         if key_valid is not None:
             key_valid = np.asarray(key_valid, dtype=bool)
             if key_valid.shape != (cache.max_seqs, cache.capacity):
@@ -661,7 +683,8 @@ class Model:
             (a sequence with no new tokens gives a row of NaN), or none (prefill of a drafter).
         key_valid : bool array [cache.max_seqs, cache.capacity], optional
             Cache slots (including the ones written now) that may be attended to; a padded
-            layout marks its pad slots False. Default: all.
+            layout marks its pad slots False. Default: all. A token that sees no slot (all of its
+            keys hidden) has no attention output: its row of logits is NaN.
 
         Returns
         -------
@@ -722,4 +745,13 @@ class Model:
         if pf is not None:
             pf.current = self.n_layers
 
-        return None if logits is None else self._logits(x, cu, logits)
+        if logits is None:
+            return None
+        out = self._logits(x, cu, logits)
+        if key_valid is not None and T:
+            blind = _blind_tokens(key_valid, seq_ids, cu, old)  # [T]
+            if logits == "last":
+                blind = blind[np.maximum(cu[1:] - 1, 0)] & (counts > 0)  # [B]
+            if blind.any():  # their rows averaged hidden keys: finite, and meaningless
+                out[self._here(blind)] = float("nan")
+        return out

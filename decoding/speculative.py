@@ -332,6 +332,16 @@ def prepare_speculative(
             f"the draft model's vocabulary ({d.model.config.vocab_size}) differs from the target's "
             f"({model.config.vocab_size})"
         )
+    if isinstance(d, DraftModelDrafter) and prompt_ids:
+        # the drafter runs each context plus its drafts, up to max_new_tokens past the prompt; past
+        # its own context its forward refused a position several steps into the decoding
+        longest, ctx = max(len(p) for p in prompt_ids), d.model.config.context_length
+        if longest + int(max_new_tokens) > ctx:
+            raise ValueError(
+                f"the draft model's context is {ctx} tokens: the longest prompt ({longest} tokens) with "
+                f"max_new_tokens={int(max_new_tokens)} exceeds it; use a draft model of a longer "
+                "context, or shorter prompts or max_new_tokens"
+            )
     if model is not None:
         n = len(prompt_ids)
         slots = n if max_batch is None else min(int(max_batch), n)

@@ -538,9 +538,10 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         # a sparse sign test matrix: for a NumPy X, F S.T from its pattern, so the sketch is one
         # GEMM, not two; every other X gets the same matrix, dense, and so the same preconditioner
         try:
+            max_rank = _nystrom_max_rank(X)
             res = nystrom_pcg(
-                gram, b, alpha, tol=NYSTROM_TOL, sketch="sparse_sign", initial_rank=NYSTROM_INITIAL_RANK,
-                max_rank=_nystrom_max_rank(X), seed=self.random_state,
+                gram, b, alpha, tol=NYSTROM_TOL, sketch="sparse_sign",
+                initial_rank=min(NYSTROM_INITIAL_RANK, max_rank), max_rank=max_rank, seed=self.random_state,
             )  # fmt: skip
         except ValueError as err:
             if "not finite" not in str(err):

@@ -244,8 +244,11 @@ def nystrom_pcg(
             "sampled twice leaves the sketch singular: give rank= (one sample without replacement) or "
             "use sketch='sparse_sign' or 'gaussian'"
         )
-    max_rank = min(check_int(max_rank, "max_rank", minimum=1), n)
     initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
+    max_rank = check_int(max_rank, "max_rank", minimum=1)
+    if initial_rank > max_rank:  # as given: both are cut to n below, which is no contradiction
+        raise ValueError(f"initial_rank ({initial_rank}) must not exceed max_rank ({max_rank})")
+    max_rank = min(max_rank, n)
     # checked with the adaptive rank too, which does not use it: an option is valid or not
     oversample = check_int(oversample, "oversample", minimum=0)
     check_seed(seed)

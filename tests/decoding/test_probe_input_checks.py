@@ -400,3 +400,94 @@ def test_a_cache_dtype_that_is_not_a_float_is_refused(bad, tiny_path):
     with pytest.raises(error, match="kv_dtype must be"):
         model.kv_dtype = bad
     assert model.kv_dtype == np.float32 and model.new_cache(max_seqs=1, capacity=2).dtype == np.float32
+
+
+# ------------------------------------------------------------------ a probe of 2026-12-07
+def test_forward_refuses_another_models_cache(model, tmp_path):
+    # The compiled store wrote this model's 2 KV heads into a 1-head cache's buffers (the process
+    # aborted: "double free or corruption"); a 2-head cache under a 1-head model gave logits off by 7.
+    from decoding.loading import load_model
+
+    from .tiny_llama import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "kv1.gguf", n_kv_heads=1)
+    one_head = load_model(tmp_path / "kv1.gguf", dtype=np.float64).model
+    for m, other in ((model, one_head), (one_head, model)):
+        cache = other.new_cache(max_seqs=1, capacity=20)
+        s = cache.allocate()
+        with pytest.raises(ValueError, match="cache holds .* KV heads"):
+            m.forward([1, 2, 3, 4], cache=cache, seq_ids=[s], cu_seqlens=[0, 4])
+        assert cache.lengths[s] == 0  # refused before anything was written
+    cache = KVCache(
+        model.n_layers, model.config.n_kv_heads, 2 * model.config.head_dim, max_seqs=1, capacity=8
+    )
+    with pytest.raises(ValueError, match="KV heads of size"):
+        model.forward([1, 2], cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, 2])
+
+
+def test_forward_refuses_a_cache_on_another_device(model):
+    xps = pytest.importorskip("array_api_strict")
+    cache = KVCache.for_model(model.to_device(xps, xps.Device("device1")), max_seqs=1, capacity=8)
+    with pytest.raises(ValueError, match="cache lives on .*the model on the CPU"):
+        model.forward([1, 2], cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, 2])
+
+
+def test_tokens_that_see_no_key_get_nan_logits(model):
+    # key_valid hiding every key of a token left it averaging the hidden ones: finite logits, off by
+    # 22 from the unmasked ones, without a word. Its row is NaN now; the other rows are untouched.
+    def run(valid, logits="all"):
+        cache = model.new_cache(max_seqs=2, capacity=6)
+        seqs = [cache.allocate(), cache.allocate()]
+        return model.forward(
+            [5, 6, 7, 8, 9], cache=cache, seq_ids=seqs, cu_seqlens=[0, 3, 5], key_valid=valid, logits=logits
+        )
+
+    valid = np.ones((2, 6), dtype=bool)
+    valid[0, :2] = False  # sequence 0: its first two tokens see nothing, the third sees itself
+    got, ref = run(valid), run(None)
+    assert np.isnan(got[:2]).all() and np.isfinite(got[2:]).all()
+    assert np.array_equal(got[3:], ref[3:])  # sequence 1 is untouched
+    valid[0, :3] = False  # now the last token of sequence 0 is blind too
+    last = run(valid, "last")
+    assert np.isnan(last[0]).all() and np.array_equal(last[1], run(None, "last")[1])
+
+
+def test_a_left_padded_prefill_keeps_its_logits(model, tok):
+    # vanilla decoding left-pads prompts and hides the pads: they are blind, and their rows unread
+    from decoding import generate
+
+    prompts = ["the cat in the hat", "x y"]
+    ref = generate(model, tok, prompts, max_new_tokens=6)
+    res = generate(
+        model, tok, prompts, max_new_tokens=6, method="vanilla", drafter="llma", references=prompts
+    )
+    assert res.tokens == ref.tokens
+
+
+def test_a_draft_model_of_a_shorter_context_is_refused_up_front(model, tok, tmp_path):
+    # Its forward refused position 16 several steps into the decoding, without naming the drafter.
+    from decoding import generate
+    from decoding.loading import load_model
+
+    from .tiny_llama import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "ctx16.gguf", context=16, seed=1)
+    draft = load_model(tmp_path / "ctx16.gguf", dtype=np.float64).model
+    prompt = "the cat in the hat"
+    n = len(tok.encode(prompt))
+    with pytest.raises(ValueError, match="draft model's context is 16 tokens"):
+        generate(model, tok, [prompt], max_new_tokens=30, method="ems", drafter=DraftModelDrafter(draft))
+    res = generate(
+        model, tok, [prompt], max_new_tokens=16 - n, method="ems", drafter=DraftModelDrafter(draft)
+    )
+    assert res.tokens == generate(model, tok, [prompt], max_new_tokens=16 - n).tokens  # the limit itself runs
+
+
+def test_a_negative_memory_limit_is_refused(monkeypatch):
+    from decoding import memory
+
+    monkeypatch.setenv("DECODING_MEMORY_LIMIT", "-5")
+    with pytest.raises(ValueError, match="DECODING_MEMORY_LIMIT must be a number of bytes >= 0, got '-5'"):
+        memory.available_bytes()
+    monkeypatch.setenv("DECODING_MEMORY_LIMIT", "0")
+    assert memory.available_bytes() == (0, "DECODING_MEMORY_LIMIT")

@@ -233,6 +233,11 @@ def test_bad_input_and_max_iter_warning():
         nystrom_pcg(-A, np.ones(50), 1.0, rank=5)
     with pytest.raises(ValueError, match="initial_rank"):
         nystrom_pcg(A, np.ones(50), 1.0, initial_rank=0)
+    # contradictory options ran (and stopped short with a ConvergenceWarning); as given, not as cut
+    # to n: the defaults (50, 1000) on n = 30 are no contradiction
+    with pytest.raises(ValueError, match=r"initial_rank \(100\) must not exceed max_rank \(10\)"):
+        nystrom_pcg(A, np.ones(50), 1.0, initial_rank=100, max_rank=10, seed=0)
+    assert nystrom_pcg(A[:30, :30], np.ones(30), 1.0, seed=0).converged
     with pytest.warns(ConvergenceWarning, match="max_iter=1"):
         res = nystrom_pcg(A, np.ones(50), 1e-8, rank=2, max_iter=1)
     assert not res.converged

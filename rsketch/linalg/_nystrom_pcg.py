@@ -175,6 +175,7 @@ def nystrom_pcg(
         The adaptive sketch's first round. Each round costs a product with ``A``: where that has a
         cost of its own beyond the columns (a pass over a large ``X``), fewer, larger rounds pay.
     max_rank : int, default 1000
+        The adaptive sketch's most columns (at most ``n``); at least ``initial_rank``.
     target_ratio : float, default 10
         With ``lambda_l <= target_ratio mu`` the preconditioned condition number is about
         ``1 + target_ratio`` plus the approximation error over ``mu`` (Frangella et al., Prop. 5.3).

@@ -58,11 +58,15 @@ def test_scikit_learn_array_api_checks(estimator, monkeypatch):
     # scikit-learn's own checks: array_api_strict on two devices and dtypes (CuPy and PyTorch where
     # installed), y and sample_weight from another library moved to X's, predict on another refused.
     # Not PyTorch on a GPU, which rsketch does not support (docs/gpu.md: its generic generator needs
-    # uint64 arithmetic PyTorch lacks): scikit-learn skips those rounds where CUDA is not available.
+    # uint64 arithmetic PyTorch lacks). scikit-learn 1.9 skips those rounds (and its mixed-input
+    # rounds with PyTorch on CUDA) only where PyTorch was built without CUDA:
+    # `torch.backends.cuda.is_built()`, which the GPU image's PyTorch is (it never asks
+    # `torch.cuda.is_available()`, which this test patched alone until 2026-12-07).
     try:
         import torch
 
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
     except ImportError:
         pass
     results = check_estimator(estimator, on_fail=None)

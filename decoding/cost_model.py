@@ -40,6 +40,7 @@ import numpy as np
 
 from . import kernels
 from ._threads import blas_threads, engine_threads
+from ._xp import to_host
 
 __all__ = ["CostModel", "DraftBudget", "DriftCheck", "cost_cache_dir", "weight_format", "engine_version"]
 
@@ -251,7 +252,9 @@ class CostModel:
 
             def once(tokens, ids, cu):
                 t0 = time.perf_counter()
-                model.forward(tokens, cache=cache, seq_ids=ids, cu_seqlens=cu, logits="all")
+                # to the host, as the loops take every forward's logits: on a GPU the forward is
+                # asynchronous, and the clock alone would have read its launches
+                to_host(model.forward(tokens, cache=cache, seq_ids=ids, cu_seqlens=cu, logits="all"))
                 dt = time.perf_counter() - t0
                 for s in ids:
                     cache.truncate(int(s), context)

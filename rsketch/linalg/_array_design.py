@@ -136,6 +136,7 @@ class ArrayDesign:
         self.xp = array_api_compat.array_namespace(X)
         self.shape = tuple(X.shape)
         self._first = None
+        self._x_rows = None  # X in C order for the device's gradient kernel, made at its first call
 
     def _to_device(self, B):
         return like(np.ascontiguousarray(B, dtype=np.float64), self.X)
@@ -173,8 +174,12 @@ class ArrayDesign:
 
             n, p = self.shape
             cupy = device_kernels.array_module(self.X)
-            X, Y = cupy.ascontiguousarray(self.X), cupy.ascontiguousarray(Y)
-            g, nrm = device_kernels.residual_gradient(X, Y, B, device_chunks(n, p, Y.shape[1]), accuracy)
+            if self._x_rows is None:  # once: each refinement step had copied a Fortran-ordered X anew
+                self._x_rows = cupy.ascontiguousarray(self.X)
+            Y = cupy.ascontiguousarray(Y)
+            g, nrm = device_kernels.residual_gradient(
+                self._x_rows, Y, B, device_chunks(n, p, Y.shape[1]), accuracy
+            )
             return to_host(g), to_host(nrm)
 
         # A host library: its row blocks, shared through DLPack, through the CPU kernel.

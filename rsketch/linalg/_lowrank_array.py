@@ -114,6 +114,8 @@ def flip_signs(U, Vt):
     Each column of ``U`` is made positive at its entry of largest magnitude (the first one on a tie).
     """
     xp = array_api_compat.array_namespace(U)
-    rows = to_host(xp.argmax(xp.abs(U), axis=0))  # the first maximum, as numpy.argmax (a zero column: 0)
-    signs = np.sign([float(U[int(i), j]) for j, i in enumerate(rows)]).astype(Vt.dtype)
+    rows = xp.argmax(xp.abs(U), axis=0)  # the first maximum, as numpy.argmax (a zero column: 0)
+    # the k rows holding the maxima, k x k, in one transfer (an element at a time cost k transfers);
+    # column j's maximum is entry (j, j)
+    signs = np.sign(np.diagonal(to_host(xp.take(U, rows, axis=0)))).astype(Vt.dtype)
     return U * like(signs, U), Vt * signs[:, None]

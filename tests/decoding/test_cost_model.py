@@ -250,3 +250,17 @@ def test_offer_rates_are_each_samples_own():
     q = DraftBudget.offer_rates(np.array([0, 9, 30]), np.array([0, 9, 30]))
     assert q.tolist() == [0.5, 10 / 11, 31 / 32]  # Laplace: no history is an even chance
     assert DraftBudget.offer_rates(np.array([0, 9]), np.array([9, 9])).tolist() == [1 / 11, 10 / 11]
+
+
+def test_each_timed_forward_waits_for_its_logits_on_the_host(tiny64, monkeypatch):
+    # On a GPU a forward returns before its kernels run: the clock alone read the launches. Every
+    # timed forward now ends with its logits on the host, as a decoding step's do.
+    import decoding.cost_model
+
+    model = tiny64.model
+    timed = []
+    real = decoding.cost_model.to_host
+    monkeypatch.setattr(decoding.cost_model, "to_host", lambda a: timed.append(a.shape) or real(a))
+    CostModel.measure(model, grid=(1, 4), context=8, repeats=2, sequences=3)
+    # the warm-up and the rounds: (T = 1, T = 4, 3 tokens on one sequence, 3 sequences) each time
+    assert len(timed) >= 2 * 4 and all(s[-1] == model.config.vocab_size for s in timed)

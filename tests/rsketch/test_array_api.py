@@ -332,3 +332,20 @@ def test_leverage_statistics_where_every_new_array_is_on_the_device():
     ref = rsketch.efficiency(X, y=y, **kw)
     for measure in ("pe", "re", "wc"):
         np.testing.assert_allclose(ours.draws(measure), ref.draws(measure), rtol=1e-13)
+
+
+def test_flip_signs_on_the_device_is_scikit_learns_svd_flip():
+    # the column maxima are read in one k x k gather (an element at a time had cost k transfers)
+    from sklearn.utils.extmath import svd_flip
+
+    from rsketch.linalg._lowrank_array import flip_signs
+
+    rng = np.random.default_rng(5)
+    U = rng.standard_normal((40, 6))
+    U[7, 2], U[3, 4] = -9.0, 9.0  # a column whose maximum is negative, one whose is positive
+    U[[5, 9], 1] = [4.0, -4.0]  # a tie of +a and -a: the first in row order decides
+    U[:, 1] = np.clip(U[:, 1], -4.0, 4.0)
+    Vt = rng.standard_normal((6, 5))
+    got_U, got_Vt = flip_signs(on_device(U), Vt.copy())
+    ref_U, ref_Vt = svd_flip(U.copy(), Vt.copy(), u_based_decision=True)
+    assert np.array_equal(host(got_U), ref_U) and np.array_equal(got_Vt, ref_Vt)

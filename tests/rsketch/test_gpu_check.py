@@ -184,3 +184,29 @@ def test_model_checksum_is_the_pinned_package_file():
         pytest.skip(str(exc))
     digest, name = (ROOT / "benchmarks" / "gpu_model.sha256").read_text().split()
     assert name == path.name and digest == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_gpu_speedup_figure_is_drawn_from_the_recorded_run(tmp_path):
+    # the figure the issue asks for, beside the paper's: drawn here from the history the GPU run
+    # brought back (the GPU machine need not have matplotlib)
+    pytest.importorskip("matplotlib")
+    from benchmarks._harness import Report
+    from benchmarks.report import append_history
+
+    with pytest.raises(ValueError, match="no gpu-decoding run"):
+        gpu.figure_from_history(tmp_path, tmp_path / "f.png")
+    rows = [
+        {"batch": B, "method": m, "x autoregressive": x, "paper": 1.0, "same tokens": True, "tok/s": 1.0}
+        for B in (1, 2, 8)
+        for m, x in (("autoregressive", 1.0), ("vanilla", 1.1), ("ems", 1.4))
+    ]
+    report = Report("GPU decoding: greedy, copy task, LLMA, 32 new tokens per prompt", rows=rows)
+    append_history(
+        history_records(
+            report, area="gpu-decoding", stamp="2026-12-08 00:00:00 UTC", quick=False, machine=MACHINE
+        ),
+        tmp_path,
+    )
+    path = gpu.figure_from_history(tmp_path, tmp_path / "f.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert gpu.PAPER_SPEEDUP["ems"][8] == 2.17 and gpu.PAPER_SPEEDUP["vanilla"][24] == 0.66  # Fig. 1

@@ -50,8 +50,7 @@ class AttentionPlan:
     where they are equal both are None. Only the attention is laid out so: the projections and the
     cache stay packed and unpadded. ``pieces`` lists ``(a, e, start, S, bias)`` per sequence (rows
     ``a:e`` of the packed queries, cache slots ``start : start + S``, bias ``[n, S]`` or None) for
-    one sequence, for ``grouped=False``, and where the batched scores would exceed
-    :data:`BATCHED_SCORES`.
+    ``grouped=False`` and where the batched scores would exceed :data:`BATCHED_SCORES`.
 
     Examples
     --------
@@ -107,7 +106,7 @@ class AttentionPlan:
             )
             return cls(None, [], dtype, tokens)
         busy = counts > 0
-        if grouped and busy.sum() > 1:
+        if grouped and busy.any():  # one sequence too: no zeros_like and row assignment
             batched = _batched_layout(
                 cache, seq_ids[busy], cu[:-1][busy], counts[busy], old[busy], key_valid, dtype, n_heads
             )

@@ -269,5 +269,7 @@ def packed_attention(q, cache, layer, seq_ids, cu_seqlens, old_lengths, key_vali
     >>> out[0, 0].tolist()
     [1.0, 0.0]
     """
-    plan = AttentionPlan.build(cache, seq_ids, cu_seqlens, old_lengths, key_valid, grouped=grouped)
+    plan = AttentionPlan.build(
+        cache, seq_ids, cu_seqlens, old_lengths, key_valid, grouped=grouped, n_heads=q.shape[1]
+    )
     return attend(q, cache, layer, plan)

@@ -595,9 +595,12 @@ class Model:
                 f"cache holds {cache.n_kv_heads} KV heads of size {cache.head_dim}, the model has "
                 f"{cfg.n_kv_heads} of size {cfg.head_dim}: use model.new_cache()"
             )
-        if cache.xp is not self.xp or cache.device != self.device:
+        # where the buffers are, not the device the cache was given (None for the current one)
+        here = (np, None) if self.xp is np else (self.xp, self.device)
+        there = (np, None) if isinstance(cache.k, np.ndarray) else (namespace(cache.k), device_of(cache.k))
+        if there[0] is not here[0] or there[1] != here[1]:
             raise ValueError(
-                f"cache lives on {cache.device or 'the CPU'}, the model on {self.device or 'the CPU'}: "
+                f"cache lives on {there[1] or 'the CPU'}, the model on {here[1] or 'the CPU'}: "
                 "use model.new_cache()"
             )
         if key_valid is not None:

@@ -141,13 +141,17 @@ def nystrom_preconditioner(approx: NystromResult, mu: float) -> LinearOperator:
     return LinearOperator((n, n), matvec=apply, rmatvec=apply, matmat=apply, rmatmat=apply, dtype=U.dtype)
 
 
+#: The adaptive sketch's first round where ``initial_rank`` is not given (at most ``max_rank``).
+DEFAULT_INITIAL_RANK = 50
+
+
 def nystrom_pcg(
     A,
     b,
     mu,
     *,
     rank=None,
-    initial_rank=50,
+    initial_rank=None,
     max_rank=1000,
     target_ratio=10.0,
     oversample=10,
@@ -171,11 +175,13 @@ def nystrom_pcg(
         The Nyström rank (``rank + oversample`` columns, :func:`rsketch.linalg.nystrom`). Default:
         adaptive, ``initial_rank`` columns doubling (the old ones kept) until
         ``lambda_l <= target_ratio * mu`` or ``max_rank`` columns.
-    initial_rank : int, default 50
+    initial_rank : int, optional
+        Default ``min(50, max_rank)``.
         The adaptive sketch's first round. Each round costs a product with ``A``: where that has a
         cost of its own beyond the columns (a pass over a large ``X``), fewer, larger rounds pay.
     max_rank : int, default 1000
-        The adaptive sketch's most columns (at most ``n``); at least ``initial_rank``.
+        The adaptive sketch's most columns (at most ``n``); at least ``initial_rank`` where that is
+        given.
     target_ratio : float, default 10
         With ``lambda_l <= target_ratio mu`` the preconditioned condition number is about
         ``1 + target_ratio`` plus the approximation error over ``mu`` (Frangella et al., Prop. 5.3).
@@ -245,9 +251,11 @@ def nystrom_pcg(
             "sampled twice leaves the sketch singular: give rank= (one sample without replacement) or "
             "use sketch='sparse_sign' or 'gaussian'"
         )
-    initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
     max_rank = check_int(max_rank, "max_rank", minimum=1)
-    if initial_rank > max_rank:  # as given: both are cut to n below, which is no contradiction
+    if initial_rank is None:  # a max_rank below the default first round is no contradiction
+        initial_rank = min(DEFAULT_INITIAL_RANK, max_rank)
+    initial_rank = check_int(initial_rank, "initial_rank", minimum=1)
+    if initial_rank > max_rank:  # both as given (both are cut to n below, which is no contradiction)
         raise ValueError(f"initial_rank ({initial_rank}) must not exceed max_rank ({max_rank})")
     max_rank = min(max_rank, n)
     # checked with the adaptive rank too, which does not use it: an option is valid or not

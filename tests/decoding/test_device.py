@@ -59,7 +59,7 @@ def forward_both(model, dev, token_lists, logits="all"):
 
 @pytest.mark.parametrize(
     "lengths", [(5,), (7, 3, 11), (4, 4, 4)], ids=["one", "ragged", "uniform"]
-)  # one sequence; the per-sequence path; the batched (uniform) path
+)  # one sequence; ragged counts (queries gathered into rows); equal counts (no gather)
 def test_forward_matches_the_cpu_kernels(tiny64, on_device, lengths):
     model, _ = tiny64
     dev, _ = on_device
@@ -122,7 +122,7 @@ def test_ragged_attention_is_one_batched_product_on_a_device(key_valid):
 
 def test_ragged_attention_past_the_score_budget_runs_per_sequence(monkeypatch):
     import decoding.attention
-    from decoding.attention import AttentionPlan, packed_attention
+    from decoding.attention import AttentionPlan, attend, packed_attention
 
     host, dev, (seq_ids, cu, old, valid), q = _ragged_attention_case(True)
     monkeypatch.setattr(
@@ -130,7 +130,14 @@ def test_ragged_attention_past_the_score_budget_runs_per_sequence(monkeypatch):
     )  # B H n S (3 with tokens), less one
     plan = AttentionPlan.build(dev, seq_ids, cu, old, valid, n_heads=6)
     assert plan.batched is None and len(plan.pieces) == 3
-    got = packed_attention(xps.asarray(q, device=DEVICE), dev, 0, seq_ids, cu, old, valid)
+    got = attend(xps.asarray(q, device=DEVICE), dev, 0, plan)  # the plan's own per-sequence loop
+    assert AttentionPlan.build(dev, seq_ids, cu, old, valid).batched is not None  # KV heads: 3x fewer
+    per_sequence, real = [], decoding.attention.attend
+    monkeypatch.setattr(
+        decoding.attention, "attend", lambda *a: per_sequence.append(a[3].batched is None) or real(*a)
+    )
+    packed_attention(xps.asarray(q, device=DEVICE), dev, 0, seq_ids, cu, old, valid)
+    assert per_sequence == [True]  # packed_attention sizes the scores by the query heads too
     ref = packed_attention(q, host, 0, seq_ids, cu, old, valid)
     assert np.max(np.abs(np.from_dlpack(got) - ref)) < 1e-12
 

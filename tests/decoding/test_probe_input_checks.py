@@ -430,6 +430,11 @@ def test_forward_refuses_a_cache_on_another_device(model):
     cache = KVCache.for_model(model.to_device(xps, xps.Device("device1")), max_seqs=1, capacity=8)
     with pytest.raises(ValueError, match="cache lives on .*the model on the CPU"):
         model.forward([1, 2], cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, 2])
+    # where the buffers are decides, not the device the cache was given: none is the default device
+    dev = model.to_device(xps)
+    cache = KVCache(dev.n_layers, dev.config.n_kv_heads, dev.config.head_dim, max_seqs=1, capacity=8,
+                    dtype=np.float64, xp=xps)  # fmt: skip
+    assert dev.forward([1, 2], cache=cache, seq_ids=[cache.allocate()], cu_seqlens=[0, 2]).shape[0] == 2
 
 
 def test_tokens_that_see_no_key_get_nan_logits(model):

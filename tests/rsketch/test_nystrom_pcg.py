@@ -238,6 +238,9 @@ def test_bad_input_and_max_iter_warning():
     with pytest.raises(ValueError, match=r"initial_rank \(100\) must not exceed max_rank \(10\)"):
         nystrom_pcg(A, np.ones(50), 1.0, initial_rank=100, max_rank=10, seed=0)
     assert nystrom_pcg(A[:30, :30], np.ones(30), 1.0, seed=0).converged
+    # max_rank alone below the default first round (50) is no contradiction, with or without rank=
+    assert nystrom_pcg(A, np.ones(50), 1.0, max_rank=30, seed=0).converged
+    assert nystrom_pcg(A, np.ones(50), 1.0, max_rank=30, rank=10, seed=0).converged
     with pytest.warns(ConvergenceWarning, match="max_iter=1"):
         res = nystrom_pcg(A, np.ones(50), 1e-8, rank=2, max_iter=1)
     assert not res.converged

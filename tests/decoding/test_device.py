@@ -70,16 +70,23 @@ def test_forward_matches_the_cpu_kernels(tiny64, on_device, lengths):
         assert np.max(np.abs(got - ref)) <= 1e-12 * np.max(np.abs(ref))
 
 
-def test_uniform_step_over_sequences_out_of_order(tiny64, on_device):
-    # equal counts on seq_ids that are not a range: the batched path gathers the cache regions (take)
+@pytest.mark.parametrize(
+    ("prefill", "step_ids", "step"),
+    [
+        ([0, 4, 6, 9], [2, 0], [0, 1, 2]),  # equal counts on seq_ids not a range: the regions gathered
+        ([0, 5, 13, 15], [0, 1, 2], [0, 3, 4, 8]),  # 3, 1 and 4 new tokens: a verification-like step
+    ],
+    ids=["uniform-out-of-order", "ragged"],
+)
+def test_a_step_after_a_prefill_matches_the_cpu(tiny64, on_device, prefill, step_ids, step):
     model, _ = tiny64
     dev, _ = on_device
     out = []
     for m in (model, dev):
         cache = m.new_cache(max_seqs=3, capacity=32)
         ids = [cache.allocate() for _ in range(3)]
-        m.forward(np.arange(9) % 50, cache=cache, seq_ids=ids, cu_seqlens=[0, 4, 6, 9])
-        logits = m.forward(np.array([3, 4]), cache=cache, seq_ids=[2, 0], cu_seqlens=[0, 1, 2])
+        m.forward(np.arange(prefill[-1]) % 50, cache=cache, seq_ids=ids, cu_seqlens=prefill)
+        logits = m.forward(np.arange(step[-1]) % 7 + 3, cache=cache, seq_ids=step_ids, cu_seqlens=step)
         out.append(np.from_dlpack(logits) if m is dev else logits)
     assert np.max(np.abs(out[1] - out[0])) <= 1e-12 * np.max(np.abs(out[0]))
 
@@ -140,20 +147,6 @@ def test_ragged_attention_past_the_score_budget_runs_per_sequence(monkeypatch):
     assert per_sequence == [True]  # packed_attention sizes the scores by the query heads too
     ref = packed_attention(q, host, 0, seq_ids, cu, old, valid)
     assert np.max(np.abs(np.from_dlpack(got) - ref)) < 1e-12
-
-
-def test_ragged_step_after_a_prefill_matches_the_cpu(tiny64, on_device):
-    # a verification-like step: 3, 1 and 4 new tokens on cached prompts of 5, 8 and 2
-    model, _ = tiny64
-    dev, _ = on_device
-    out = []
-    for m in (model, dev):
-        cache = m.new_cache(max_seqs=3, capacity=32)
-        ids = [cache.allocate() for _ in range(3)]
-        m.forward(np.arange(15) % 50, cache=cache, seq_ids=ids, cu_seqlens=[0, 5, 13, 15])
-        logits = m.forward(np.arange(8) % 7, cache=cache, seq_ids=ids, cu_seqlens=[0, 3, 4, 8])
-        out.append(np.from_dlpack(logits) if m is dev else logits)
-    assert np.max(np.abs(out[1] - out[0])) <= 1e-12 * np.max(np.abs(out[0]))
 
 
 def test_cache_writes_by_index_array_where_the_library_takes_one():

@@ -185,10 +185,11 @@ def test_gpu_check_records_its_three_reports(monkeypatch):
     for name in ("run", "run_lstsq", "run_decoding"):
         report = rp.Report(name, rows=[{"case": "a"}])
         monkeypatch.setattr(gpu, name, lambda quick, name=name, r=report, **kw: calls.append((name, kw)) or r)
-    recorded = []
-    record = lambda pairs, **kw: recorded.append([a for a, _ in pairs]) or []  # noqa: E731
+    recorded, stamps = [], []
+    record = lambda pairs, **kw: recorded.append([a for a, _ in pairs]) or stamps.append(kw["stamp"]) or []  # noqa: E731
     monkeypatch.setattr(harness, "record_run", record)
-    assert gpu.main([]) == 0 and recorded == [["gpu", "gpu", "gpu-decoding"]]
+    # each part as soon as it is measured (a GPU call cut short keeps the parts before), one stamp
+    assert gpu.main([]) == 0 and recorded == [["gpu"], ["gpu"], ["gpu-decoding"]] and len(set(stamps)) == 1
     # --only runs the parts asked for (a stage of gpu_check.sh); --model reaches the decoding run
     calls.clear()
     assert gpu.main(["--only", "decoding", "--model", "m.gguf"]) == 0 and recorded[-1] == ["gpu-decoding"]

@@ -212,6 +212,18 @@ def _mean_weights(w, xp):
     return v, xp.sum(v)
 
 
+def _constant_columns(X) -> np.ndarray:
+    """Which columns of ``X`` (NumPy, SciPy sparse, or a device array) hold one value: a bool array on
+    the host. Two reductions, no copy of ``X`` (a sparse one's implicit zeros count)."""
+    if X.shape[0] == 0:
+        return np.zeros(X.shape[1], dtype=bool)
+    if sp.issparse(X):
+        hi, lo = (np.asarray(m.todense()).ravel() for m in (X.max(axis=0), X.min(axis=0)))
+        return hi == lo
+    xp = array_api_compat.array_namespace(X)
+    return np.asarray(to_host(xp.max(X, axis=0) == xp.min(X, axis=0)), dtype=bool)
+
+
 def _weighted_mean(weights, Z):
     """``v @ Z / sum(v)`` for ``weights = (v, sum(v))``: the sums of entries near the float range's end
     (``7e306``) overflow, and are then taken of ``Z`` scaled by a power of two. (Dividing ``v`` by its
@@ -284,6 +296,38 @@ class _SketchedLinearModel(RegressorMixin, BaseEstimator):
         if is_dask_array(X) or is_dask_array(y):
             return self._fit_dask(X, y, sample_weight, alpha)
         X, y, w = self._validate_fit_input(X, y, sample_weight)
+        if self.fit_intercept:
+            constant = _constant_columns(X)
+            if constant.any():
+                return self._fit_without(X, y, w, alpha, constant)
+        return self._fit_validated(X, y, w, alpha)
+
+    def _fit_without(self, X, y, w, alpha, constant):
+        """The fit with an intercept where some columns of ``X`` are constant: their coefficients are 0
+        (the intercept holds them), as scikit-learn's centring makes them, and the rest are fitted
+        without them. Centred, a constant column had been rounding noise (its mean is not exact),
+        which the solvers fitted: ``coef_`` of ``1.7e11`` (sketch-and-solve), or, with a sparse ``X``,
+        a share of the intercept column it is collinear with."""
+        keep = np.flatnonzero(~constant)
+        xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
+        if keep.size == 0:
+            v = _mean_weights(w, xp)
+            y_mean = _weighted_mean(v, y) if v is not None else like(np.zeros(y.shape[1:]), y)
+            self.n_iter_, self.solver_ = 0, "direct"
+            self._set_coefficients(like(np.zeros((X.shape[1],) + tuple(y.shape[1:])), y), y_mean)
+            return self
+        rest = X.tocsc()[:, keep] if sp.issparse(X) else xp.take(X, like(keep, X), axis=1)  # (COO: no [])
+        self._fit_validated(rest, y, w, alpha)
+        # coef_ [..., keep] from the fit, zeros at the constant columns: a gather from [coef_, 0]
+        source = np.full(X.shape[1], keep.size)
+        source[keep] = np.arange(keep.size)
+        cxp = array_api_compat.array_namespace(self.coef_)
+        padded = cxp.concat([self.coef_, cxp.zeros_like(self.coef_[..., :1])], axis=-1)
+        self.coef_ = cxp.take(padded, like(source, self.coef_), axis=padded.ndim - 1)
+        return self
+
+    def _fit_validated(self, X, y, w, alpha):
+        """:meth:`fit` on validated ``(X, y, w)``: float64, ``y`` and ``w`` in ``X``'s namespace."""
         # NumPy's namespace, or the device library's (under scikit-learn's array API dispatch).
         xp = numpy_namespace() if sp.issparse(X) else array_api_compat.array_namespace(X)
         n, p = X.shape
@@ -679,7 +723,8 @@ class SketchedLinearRegression(_SketchedLinearModel):
     fit_intercept : bool, default True
         Dense ``X`` is centred (weighted means); sparse ``X`` gets an intercept column instead (a
         constant, at the data columns' scale), which keeps it sparse (the two agree whenever the
-        solution is unique).
+        solution is unique). A constant feature's coefficient is 0, as scikit-learn's centring
+        makes it: such columns are left out of the solve.
     random_state : None, int, numpy.random.Generator, numpy.random.SeedSequence or numpy.random.RandomState
         Seed of the sketch(es), passed to :func:`rsketch.lstsq` as ``seed``.
 

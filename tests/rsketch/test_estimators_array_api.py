@@ -77,6 +77,19 @@ def test_scikit_learn_array_api_checks(estimator, monkeypatch):
 
 
 @dispatch
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e.fit_intercept], ids=lambda e: repr(e))
+def test_a_constant_feature_on_strict_arrays_gets_a_zero_coefficient(estimator):
+    # the constant column is left out on the device too, and its zero put back there
+    X, y, w = data()
+    X[:, 2] = 0.3
+    ref = sklearn.base.clone(estimator).fit(X, y, sample_weight=w)
+    with sklearn.config_context(array_api_dispatch=True):
+        est = sklearn.base.clone(estimator).fit(on_device(X), on_device(y), sample_weight=on_device(w))
+    assert est.coef_.device == DEVICE and host(est.coef_)[2] == 0.0 == ref.coef_[2]
+    np.testing.assert_allclose(host(est.coef_), ref.coef_, rtol=0, atol=1e-12 * np.abs(ref.coef_).max())
+
+
+@dispatch
 @pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: repr(e))
 @pytest.mark.parametrize("k", [None, 2])
 def test_fit_on_strict_arrays_is_the_numpy_fit(estimator, k):

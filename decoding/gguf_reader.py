@@ -177,8 +177,14 @@ class GGUFFile:
         Raises ``ValueError`` for an unsupported type or non-finite values.
         """
         info = self._info(name)
-        out = dequantize(self.raw(name), info.ggml_type, info.shape, dtype=dtype)
+        with np.errstate(over="ignore"):  # a float64 value past float32's range: said below, by name
+            out = dequantize(self.raw(name), info.ggml_type, info.shape, dtype=dtype)
         if not np.isfinite(out).all():
+            if info.ggml_type == GGMLQuantizationType.F64 and np.isfinite(self.raw(name).view("<f8")).all():
+                raise ValueError(
+                    f"GGUF file {self.path}: tensor {quoted(name)} holds float64 values beyond "
+                    f"{np.dtype(dtype).name}'s range: load it with dtype=numpy.float64"
+                )
             raise ValueError(
                 f"GGUF file {self.path}: tensor {quoted(name)} dequantizes to non-finite values "
                 "(corrupt data?)"

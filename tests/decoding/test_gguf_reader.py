@@ -230,6 +230,25 @@ def test_non_finite_tensor_data_is_rejected(tiny_path, tmp_path):
         load_all(p)
 
 
+def test_a_float64_value_beyond_float32_is_named_without_a_warning(tiny_path, tmp_path):
+    # NumPy's "overflow encountered in cast" escaped first, then the error called a finite value
+    # "non-finite (corrupt data?)" (a probe, 2026-12-07)
+    import warnings
+
+    path, _ = tiny_path
+    info = read_gguf(path).tensors["blk.0.attn_q.weight"]
+    data = bytearray(path.read_bytes())
+    data[info.offset : info.offset + 8] = struct.pack("<d", 1e300)
+    p = tmp_path / "big.gguf"
+    p.write_bytes(bytes(data))
+    f = read_gguf(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="beyond float32's range: load it with dtype=numpy.float64"):
+            f.tensor("blk.0.attn_q.weight", np.float32)
+    assert f.tensor("blk.0.attn_q.weight", np.float64).reshape(-1)[0] == 1e300
+
+
 @pytest.fixture(scope="module")
 def small_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzz") / "small.gguf"

@@ -121,6 +121,8 @@ def _speculative_kwargs(args, batch) -> dict:
                 f"--reference {args.reference}: not valid UTF-8 "
                 f"(byte 0x{e.object[e.start]:02x} at offset {e.start})"
             ) from None
+        except OSError as e:  # a directory, a missing file: "[Errno 21] Is a directory" named no option
+            raise ValueError(f"--reference {args.reference}: {e.strerror or e}") from None
     if args.no_budget:
         kw["draft_budget"] = None
     return kw

@@ -229,6 +229,23 @@ def test_cli_reference_not_utf8(tiny_path, tmp_path, capsys):
     assert f"--reference {ref}: not valid UTF-8 (byte 0xff at offset 8)" in err
 
 
+def test_cli_reference_that_cannot_be_opened_is_named(tiny_path, tmp_path, capsys):
+    # "error: [Errno 21] Is a directory: '/tmp'" had named no option (a probe, 2026-12-07)
+    for ref, why in ((tmp_path, "Is a directory"), (tmp_path / "missing.txt", "No such file")):
+        args = [
+            "generate",
+            "the cat",
+            "--model",
+            str(tiny_path[0]),
+            "--method",
+            "ems",
+            "--reference",
+            str(ref),
+        ]
+        assert cli.main(args) == 2
+        assert f"--reference {ref}: {why}" in capsys.readouterr().err
+
+
 def test_cli_reads_a_bounded_reference_and_encodes_it_once(tiny_path, tmp_path, capsys, monkeypatch):
     # /dev/zero had been read to 5 GB (then "error: " with no message), and a reference was encoded
     # once per sample of --batch (a 9 MB file at batch 8: 59 s)

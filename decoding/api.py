@@ -38,6 +38,11 @@ def _prompt_ids(tokenizer, prompts, vocab_size, ctx: int, max_new_tokens: int) -
                 raise ValueError(f"prompts[{i}] is empty")
             size = len(check_text(p, f"prompts[{i}]").encode("utf-8"))
             # max_token_bytes >= 1, so only a text above max_tokens bytes asks for it (a vocabulary pass)
+            if size > max_tokens and not max_tokens:  # "more than 0 tokens hold" had said it oddly
+                raise ValueError(
+                    f"prompts[{i}]: max_new_tokens={max_new_tokens} exceeds the model's context of "
+                    f"{ctx} tokens and leaves no room for the prompt (refused before tokenizing)"
+                )
             if size > max_tokens and size > max_tokens * tokenizer.max_token_bytes:
                 raise ValueError(
                     f"prompts[{i}] is {size:,} bytes, more than {max_tokens:,} tokens hold at "

@@ -231,3 +231,12 @@ def test_cli_reports_a_call_that_cannot_fit(tiny_path, monkeypatch, capsys):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: generate(8 prompts") and "would need" in err and "available" in err
+
+
+def test_max_new_tokens_past_the_context_is_said_plainly(tiny64):
+    # "prompts[0] is 2 bytes, more than 0 tokens hold at 13 bytes a token" (a probe, 2026-12-07)
+    model, tok = tiny64
+    ctx = model.config.context_length
+    for max_new in (ctx, 10**12):
+        with pytest.raises(ValueError, match=rf"max_new_tokens={max_new} exceeds .* no room for the prompt"):
+            generate(model, tok, ["hi"], max_new_tokens=max_new)

@@ -308,17 +308,18 @@ def test_residuals_are_those_of_x_and_converged_means_tol_or_the_rounding_floor(
     assert not res.converged
 
 
-@pytest.mark.parametrize("solver", ["kernel", "nystrom_pcg"])
-def test_wide_ridge_on_a_constant_design_is_the_mean(solver, monkeypatch):
-    # Centred, X is zero: X.T X = 0 (it failed as "not positive semi-definite"); Ridge gives coef 0
-    # and the intercept mean(y), as for one sample. Both wide paths: the kernel form, and Nyström
-    # (taken beyond KERNEL_MAX_SAMPLES samples).
-    if solver == "nystrom_pcg":
-        monkeypatch.setattr(estimators, "KERNEL_MAX_SAMPLES", 0)
+@pytest.mark.parametrize("kernel_max_samples", [None, 0])
+def test_wide_ridge_on_a_constant_design_is_the_mean(kernel_max_samples, monkeypatch):
+    # Centred, X is zero: X.T X = 0 (the wide paths had failed as "not positive semi-definite");
+    # Ridge gives coef 0 and the intercept mean(y), as for one sample. Every column is constant, so
+    # none reaches a solver (constant columns are left out with an intercept), whichever wide form
+    # (the kernel form, or Nystrom beyond KERNEL_MAX_SAMPLES samples) would have taken it.
+    if kernel_max_samples is not None:
+        monkeypatch.setattr(estimators, "KERNEL_MAX_SAMPLES", kernel_max_samples)
     for X, y in ((np.ones((10, 300)), np.arange(10.0)), (np.arange(300.0)[None], np.array([2.0]))):
         ours = SketchedRidge(random_state=0).fit(X, y)
         ref = Ridge().fit(X, y)
-        assert ours.solver_ == solver and not ours.coef_.any()
+        assert ours.solver_ == "direct" and not ours.coef_.any()
         assert ours.intercept_ == pytest.approx(ref.intercept_, rel=1e-15)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 import rsketch
 from benchmarks._harness import Report, Target, append_results, machine_description, median_time, run_stamp
-from benchmarks.report import latest_runs, read_history
+from benchmarks.report import RESULTS, latest_runs, read_history
 from benchmarks.speculative import FIGURES, PAPER_BATCH, PAPER_EMS, PAPER_VANILLA
 from rsketch.linalg import backward_error
 
@@ -246,6 +246,11 @@ FIGURE = FIGURES / "gpu_speculative_speedup.png"
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
+def _rate(res) -> float:
+    """Generated tokens per second of a decoding result's decode phase."""
+    return res.n_generated / max(res.decode_time, 1e-12)
+
+
 def decoding_target(ems_over_vanilla_at_8: float) -> Target:
     """The issue's decoding target on a GPU: EMS-SD at least 1.5x padded vanilla at batch 8 (copy, LLMA).
 
@@ -294,11 +299,10 @@ def run_decoding(
             )
             decoding.generate(model, tok, ps, max_new_tokens=2, **kw)  # warm-up (kernels, caches)
             runs[method] = decoding.generate(model, tok, ps, max_new_tokens=max_new, **kw)
-            res = runs[method]
-            print(f"B={B} {method}: {res.n_generated / max(res.decode_time, 1e-12):.1f} tok/s", flush=True)
+            print(f"B={B} {method}: {_rate(runs[method]):.1f} tok/s", flush=True)
         ar = runs["autoregressive"]
         for method, res in runs.items():
-            rate = res.n_generated / max(res.decode_time, 1e-12)
+            rate = _rate(res)
             speedup = ar.decode_time / max(res.decode_time, 1e-12)
             report.rows.append(
                 {
@@ -421,7 +425,7 @@ def main(argv=None) -> int:
             for path in append_results([report], quick=args.quick, areas=[area], stamp=stamp):
                 print(f"recorded in {path}", flush=True)
                 if args.out:
-                    for kept in (path, path.parent.parent / "RESULTS.md"):
+                    for kept in (path, RESULTS):  # the history file and what record_run rendered
                         shutil.copy(kept, Path(args.out) / kept.name)
     return 0
 

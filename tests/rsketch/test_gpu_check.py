@@ -147,13 +147,14 @@ def test_each_part_is_recorded_and_copied_as_soon_as_it_is_measured(tmp_path, mo
         raise KeyboardInterrupt("the call's time limit")
 
     monkeypatch.setattr(gpu, "append_results", record)
+    monkeypatch.setattr(gpu, "RESULTS", tmp_path / "benchmarks" / "RESULTS.md")  # what record renders
     monkeypatch.setattr(gpu, "machine_description", lambda: "CPU: x")
     monkeypatch.setattr(gpu, "run", lambda quick: Report("sketch table"))
     monkeypatch.setattr(gpu, "run_lstsq", cut_short)
     with pytest.raises(KeyboardInterrupt):
         gpu.main(["--only", "sketch,lstsq", "--out", str(out)])
     assert [areas for areas, _ in recorded] == [["gpu"]]
-    assert (out / "gpu.jsonl").read_text() == "sketch table" and (out / "RESULTS.md").exists()
+    assert (out / "gpu.jsonl").read_text() == "sketch table" and (out / "RESULTS.md").read_text() == "results"
     monkeypatch.setattr(gpu, "run_lstsq", lambda quick: Report("lstsq table"))
     gpu.main(["--only", "sketch,lstsq", "--no-record"])  # nothing recorded
     gpu.main(["--only", "lstsq,sketch"])  # in PARTS' order, one stamp for both

@@ -511,7 +511,7 @@ def range_finder(
     block_size = _check_block_size(block_size, method, tol)
     oversample = check_int(oversample, "oversample", minimum=0)
     krylov_width = _krylov_width(A, block_size, tol, rank, oversample)
-    adaptive_step = ADAPTIVE_STEP if block_size is None or tol is None else block_size
+    adaptive_step = _adaptive_step(block_size, tol)
     found, _ = _find_range(
         A, dtype, rank, sketch, oversample, passes, method, tol, adaptive_step, error_probes, seed,
         krylov_width=krylov_width,
@@ -549,6 +549,12 @@ def _krylov_width(A, block_size, tol, rank, oversample):
             "for Dask or device input give block_size >= rank + oversample, or leave it out"
         )
     return block_size
+
+
+def _adaptive_step(block_size, tol):
+    """The adaptive range finder's columns per block: ``block_size`` where it goes with ``tol``
+    (without ``tol`` it is block Krylov's block, :func:`_krylov_width`), else :data:`ADAPTIVE_STEP`."""
+    return ADAPTIVE_STEP if block_size is None or tol is None else block_size
 
 
 #: The most passes over ``A`` any low-rank function takes. Subspace iteration's error falls as
@@ -1099,7 +1105,7 @@ def svd(
     keep, probes = [], None
     if error_probes:
         probes = _Probes.draw(np.random.default_rng(seed_sequence(seed).spawn(3)[2]), cols, dtype)
-    adaptive_step = ADAPTIVE_STEP if block_size is None or tol is None else block_size
+    adaptive_step = _adaptive_step(block_size, tol)
     # M comes back with the range finder's scatter plan, where it made one, for the finish's products
     found, M = _find_range(
         M, dtype, rank, sketch, oversample, passes, method, tol, adaptive_step, False, seed, keep, probes,

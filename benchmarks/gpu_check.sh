@@ -19,8 +19,8 @@
 #   benchmarks/gpu_model.sha256.
 #
 # Each stage goes on past a failed step, so that one failure does not cost the rest of the run, and the
-# script exits non-zero at the end if any step failed. Where $OUT is set, the log, RESULTS.md and the
-# history of the gpu area are copied there.
+# script exits non-zero at the end if any step failed. Where $OUT is set, the log goes there, and each
+# benchmark part's history file and RESULTS.md as soon as the part is recorded (benchmarks.gpu --out).
 set -uo pipefail
 
 QUICK="" STAGE=all MODEL=""
@@ -136,10 +136,6 @@ if [ "$STAGE" != rsketch ]; then
     ${OUT:+--out "$OUT"}
 fi
 
-if [ -n "${OUT:-}" ]; then
-  cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
-  cp benchmarks/history/gpu.jsonl benchmarks/history/gpu-decoding.jsonl "$OUT/" 2>/dev/null
-fi
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "gpu_check.sh: failed: ${FAILED[*]}"
   exit 1
